@@ -1,0 +1,116 @@
+# terrace — build, test, demo, benchmarks.
+#   make            library + CLI (build/terrace, build/libterrace.a)
+#   make test       install what is missing, build, run every test (the CI command)
+#   make demo       install what is missing, build, run the main job on the default model
+#   make bench-kernels   matvec bandwidth table (not part of make test)
+#   make fuzz       run the GGUF reader fuzzer for FUZZ_SECONDS (default 300)
+
+CC      ?= cc
+ARCH    := $(shell $(CC) -dumpmachine | cut -d- -f1)
+BUILD   ?= build
+PY      := .venv/bin/python3
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith \
+           -Wvla -Wformat=2
+# -ffp-contract=off: no silent FMA contraction, so scalar kernels are bit-exact with ggml's
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno -Iinclude -Isrc $(WARN)
+OPT     ?= -O2 -g
+CFLAGS  ?=
+ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
+LDLIBS  := -lpcre2-8 -lpthread -lm
+CLI_LIBS := -lcjson
+
+LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c)
+X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c
+CLI_SRC := $(wildcard tools/*.c)
+
+ifeq ($(ARCH),x86_64)
+LIB_SRC += $(X86_SRC)
+endif
+
+# per-file ISA flags: only these files may contain instructions beyond the baseline
+FLAGS_src/tensor/x86/kernels_avx2.c   := -mavx2 -mfma -mf16c
+FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl \
+                                         -mavx512dq -mavx512vnni
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 \
+        format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
+
+all: $(BUILD)/terrace
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(FLAGS_$<) -MMD -MP -c $< -o $@
+
+$(BUILD)/libterrace.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
+	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libterrace.a $(CLI_LIBS) $(LDLIBS)
+
+# ---- tests --------------------------------------------------------------------------------------
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+$(BUILD)/tests/%: tests/%.c tests/testutil.h $(BUILD)/libterrace.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
+
+deps:
+	@bash scripts/deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory WERROR=1 all $(TEST_BIN)
+	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/asan \
+	    OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	    build/asan/terrace $(TEST_BIN:build/%=build/asan/%)
+	@$(MAKE) --no-print-directory cross-aarch64
+	@bash tests/run.sh
+
+demo: deps all
+	@bash scripts/demo.sh
+
+# every source file must compile for aarch64 with the generic kernels (no x86 intrinsics leak)
+cross-aarch64:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null; then \
+	    for f in $(wildcard src/*/*.c src/*/*/*.c tools/*.c); do \
+	        aarch64-linux-gnu-gcc $(CFLAGS_BASE) -O2 -Werror -c $$f -o /dev/null || exit 1; \
+	    done; echo "cross-aarch64: every source file compiles for aarch64"; \
+	else echo "cross-aarch64: SKIPPED (aarch64-linux-gnu-gcc not installed)"; fi
+
+bench-kernels: deps all $(BUILD)/bench/bench_kernels
+	@$(BUILD)/bench/bench_kernels $(BENCH_ARGS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -O3 -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
+
+# ---- fuzzing (clang + libFuzzer) ----------------------------------------------------------------
+FUZZ_SECONDS ?= 300
+FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer
+
+# the reader and what it links against; no SIMD files (nothing of theirs is reachable from it)
+FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/tensor/types.c src/tensor/dequant.c \
+            src/tensor/quantize.c src/tensor/vecdot_ref.c
+
+build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard src/*/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LDLIBS)
+
+fuzz-build: build/fuzz/fuzz_gguf
+
+fuzz: deps build/fuzz/fuzz_gguf
+	@mkdir -p fuzz/corpus
+	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 fuzz/corpus
+
+format:
+	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/*/*/*.[ch] tools/*.[ch] tests/*.[ch] bench/*.c fuzz/*.c)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

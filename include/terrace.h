@@ -1,0 +1,207 @@
+/*
+ * terrace — run GGUF language models on machines whose memory is smaller than the model.
+ *
+ * Public API. Every handle is opaque; every fallible call returns a tr_status and, when it fails,
+ * fills the caller's tr_error with a message that names what went wrong and where (file, key or
+ * tensor name, byte offset). The library never prints and never exits; only the CLI does.
+ */
+#ifndef TERRACE_H
+#define TERRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TR_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status and errors                                                                              */
+
+typedef enum tr_status {
+    TR_OK = 0,
+    TR_E_ARG,         /* bad argument or flag value */
+    TR_E_IO,          /* open/read/map failed, short read, I/O error */
+    TR_E_FORMAT,      /* malformed or hostile file */
+    TR_E_UNSUPPORTED, /* valid but not supported by this build (type, architecture, version) */
+    TR_E_NOMEM,       /* allocation failed */
+    TR_E_BUDGET,      /* a configured byte budget cannot hold what is needed */
+    TR_E_INTERNAL,    /* a bug: an invariant did not hold */
+} tr_status;
+
+typedef struct tr_error {
+    tr_status status;
+    char msg[1024];
+} tr_error;
+
+const char *tr_status_name(tr_status s);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tensor types (ids are ggml's, as stored in GGUF files)                                         */
+
+typedef enum tr_type {
+    TR_TYPE_F32 = 0,
+    TR_TYPE_F16 = 1,
+    TR_TYPE_Q4_0 = 2,
+    TR_TYPE_Q4_1 = 3,
+    TR_TYPE_Q5_0 = 6,
+    TR_TYPE_Q5_1 = 7,
+    TR_TYPE_Q8_0 = 8,
+    TR_TYPE_Q8_1 = 9,
+    TR_TYPE_Q2_K = 10,
+    TR_TYPE_Q3_K = 11,
+    TR_TYPE_Q4_K = 12,
+    TR_TYPE_Q5_K = 13,
+    TR_TYPE_Q6_K = 14,
+    TR_TYPE_Q8_K = 15,
+    TR_TYPE_IQ2_XXS = 16,
+    TR_TYPE_IQ2_XS = 17,
+    TR_TYPE_IQ3_XXS = 18,
+    TR_TYPE_IQ1_S = 19,
+    TR_TYPE_IQ4_NL = 20,
+    TR_TYPE_IQ3_S = 21,
+    TR_TYPE_IQ2_S = 22,
+    TR_TYPE_IQ4_XS = 23,
+    TR_TYPE_I8 = 24,
+    TR_TYPE_I16 = 25,
+    TR_TYPE_I32 = 26,
+    TR_TYPE_I64 = 27,
+    TR_TYPE_F64 = 28,
+    TR_TYPE_IQ1_M = 29,
+    TR_TYPE_BF16 = 30,
+    TR_TYPE_TQ1_0 = 34,
+    TR_TYPE_TQ2_0 = 35,
+    TR_TYPE_MXFP4 = 39,
+    TR_TYPE_NVFP4 = 40,
+    TR_TYPE_Q1_0 = 41,
+    TR_TYPE_Q2_0 = 42,
+    TR_TYPE_COUNT = 43
+} tr_type;
+
+/* true if `id` names a type whose block layout terrace knows (it can size and skip such tensors) */
+bool tr_type_known(uint32_t id);
+/* true if terrace can dequantize and multiply tensors of this type */
+bool tr_type_supported(tr_type t);
+const char *tr_type_name(tr_type t);     /* "Q4_K"; "?" for an unknown id */
+int64_t tr_type_block_elems(tr_type t);  /* elements per block (1 for F32/F16/BF16) */
+size_t tr_type_block_bytes(tr_type t);   /* bytes per block */
+/* bytes of a row of n elements; n must be a multiple of the block size */
+size_t tr_type_row_bytes(tr_type t, int64_t n);
+/* dequantize n elements (a multiple of the block size) of a supported type to f32 */
+tr_status tr_dequantize(tr_type t, const void *src, float *dst, int64_t n, tr_error *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* GGUF files                                                                                     */
+
+typedef struct tr_gguf tr_gguf;
+
+typedef enum tr_gguf_vtype {
+    TR_GGUF_U8 = 0,
+    TR_GGUF_I8 = 1,
+    TR_GGUF_U16 = 2,
+    TR_GGUF_I16 = 3,
+    TR_GGUF_U32 = 4,
+    TR_GGUF_I32 = 5,
+    TR_GGUF_F32 = 6,
+    TR_GGUF_BOOL = 7,
+    TR_GGUF_STRING = 8,
+    TR_GGUF_ARRAY = 9,
+    TR_GGUF_U64 = 10,
+    TR_GGUF_I64 = 11,
+    TR_GGUF_F64 = 12,
+    TR_GGUF_VTYPE_COUNT = 13
+} tr_gguf_vtype;
+
+/* A string inside the file's metadata: not NUL-terminated, valid while the tr_gguf is open. */
+typedef struct tr_str {
+    const char *ptr;
+    uint64_t len;
+} tr_str;
+
+typedef struct tr_tensor_info {
+    const char *name;      /* NUL-terminated */
+    tr_type type;
+    uint32_t n_dims;       /* 1..4 */
+    int64_t ne[4];         /* ne[0] innermost; missing dims are 1 */
+    uint64_t nbytes;       /* exact byte size of the data */
+    uint64_t file_offset;  /* absolute byte offset of the data in its shard file */
+    uint32_t shard;        /* index of the shard file holding it (0 for single files) */
+} tr_tensor_info;
+
+/*
+ * Open a GGUF file (or the first shard of a split model "<prefix>-00001-of-0000N.gguf"; any shard
+ * name finds the others). The header, metadata and tensor table are read with ordinary reads and
+ * fully validated: every count, length, dimension, type id and offset is checked against the file
+ * size and against overflow before use. Tensor data is not touched until asked for.
+ */
+tr_status tr_gguf_open(const char *path, tr_gguf **out, tr_error *err);
+void tr_gguf_close(tr_gguf *g);
+
+uint32_t tr_gguf_version(const tr_gguf *g);
+uint32_t tr_gguf_alignment(const tr_gguf *g);
+uint32_t tr_gguf_n_shards(const tr_gguf *g);
+const char *tr_gguf_shard_path(const tr_gguf *g, uint32_t shard);
+uint64_t tr_gguf_shard_size(const tr_gguf *g, uint32_t shard);
+uint64_t tr_gguf_data_offset(const tr_gguf *g, uint32_t shard); /* DATA_START of that shard */
+
+/* metadata (key/values of the first shard; split bookkeeping keys included) */
+int64_t tr_gguf_n_kv(const tr_gguf *g);
+int64_t tr_gguf_find_key(const tr_gguf *g, const char *key); /* index or -1 */
+const char *tr_gguf_key(const tr_gguf *g, int64_t i);
+tr_gguf_vtype tr_gguf_kv_type(const tr_gguf *g, int64_t i);
+tr_gguf_vtype tr_gguf_arr_type(const tr_gguf *g, int64_t i); /* element type of an array */
+uint64_t tr_gguf_arr_len(const tr_gguf *g, int64_t i);
+const void *tr_gguf_arr_data(const tr_gguf *g, int64_t i);    /* numeric arrays: packed LE values */
+tr_str tr_gguf_arr_str(const tr_gguf *g, int64_t i, uint64_t j);
+tr_str tr_gguf_get_str(const tr_gguf *g, int64_t i);
+/* integer/bool scalar of any width, converted; false if the value is not an integer or bool
+ * or does not fit */
+bool tr_gguf_get_int(const tr_gguf *g, int64_t i, int64_t *out);
+/* unsigned integer scalar of any width (negative values refused) */
+bool tr_gguf_get_u64(const tr_gguf *g, int64_t i, uint64_t *out);
+/* f32 or f64 scalar (integers are accepted too) */
+bool tr_gguf_get_float(const tr_gguf *g, int64_t i, double *out);
+/* helpers by key name */
+bool tr_gguf_kv_int(const tr_gguf *g, const char *key, int64_t *out);
+bool tr_gguf_kv_float(const tr_gguf *g, const char *key, double *out);
+bool tr_gguf_kv_str(const tr_gguf *g, const char *key, tr_str *out);
+const char *tr_gguf_vtype_name(tr_gguf_vtype t);
+
+/* tensors (over all shards, in file order) */
+int64_t tr_gguf_n_tensors(const tr_gguf *g);
+int64_t tr_gguf_find_tensor(const tr_gguf *g, const char *name); /* index or -1 */
+const tr_tensor_info *tr_gguf_tensor(const tr_gguf *g, int64_t i);
+
+/* Map every shard read-only (idempotent). After this, tr_gguf_tensor_data returns pointers. */
+tr_status tr_gguf_map(tr_gguf *g, tr_error *err);
+const void *tr_gguf_tensor_data(const tr_gguf *g, int64_t i); /* NULL unless mapped */
+/* Read `len` bytes starting `off` bytes into tensor i into dst with pread; a short read (file
+ * truncated under us) or an I/O error is reported, never silently returned. */
+tr_status tr_gguf_read(const tr_gguf *g, int64_t i, uint64_t off, void *dst, uint64_t len,
+                       tr_error *err);
+/* File descriptor of a shard, for callers that issue their own reads (O_RDONLY, buffered). */
+int tr_gguf_shard_fd(const tr_gguf *g, uint32_t shard);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* CPU and threads                                                                                */
+
+/* Name of the kernel family chosen at start-up from CPU features: "avx512", "avx2" or "scalar".
+ * The environment variable TERRACE_ISA=scalar|avx2|avx512 lowers the choice (for tests). */
+const char *tr_cpu_isa(void);
+/* Physical cores available to this process (at least 1). */
+int tr_cpu_physical_cores(void);
+
+typedef struct tr_pool tr_pool;
+/* A persistent pool of n_threads workers (the caller counts as one). n_threads <= 0 means the
+ * number of physical cores. Threads are created here once, never per call. */
+tr_status tr_pool_create(int n_threads, tr_pool **out, tr_error *err);
+void tr_pool_free(tr_pool *p);
+int tr_pool_size(const tr_pool *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

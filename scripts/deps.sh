@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what building and testing terrace needs, only where it is missing:
+# Debian packages (compilers, libraries) and a Python venv in .venv with the PyPI packages the
+# tests use (gguf writes the synthetic models and is the independent dequantization reference).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+have_header() { [ -e "/usr/include/$1" ]; }
+have_header cjson/cJSON.h        || need_pkgs+=(libcjson-dev)
+have_header pcre2.h              || need_pkgs+=(libpcre2-dev)
+have_header liburing.h           || need_pkgs+=(liburing-dev)
+command -v clang >/dev/null      || need_pkgs+=(clang)
+ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 \
+    || need_pkgs+=(libclang-rt-14-dev)
+command -v aarch64-linux-gnu-gcc >/dev/null || need_pkgs+=(gcc-aarch64-linux-gnu)
+python3 -c 'import venv' 2>/dev/null || need_pkgs+=(python3-venv)
+
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    echo "deps: installing Debian packages: ${need_pkgs[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${need_pkgs[@]}" >/dev/null
+fi
+
+PY_PKGS=(gguf numpy)
+if [ ! -x .venv/bin/python3 ]; then
+    echo "deps: creating Python venv in .venv"
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python3 -c 'import gguf, numpy' 2>/dev/null; then
+    echo "deps: installing Python packages: ${PY_PKGS[*]}"
+    .venv/bin/pip install -q --disable-pip-version-check "${PY_PKGS[@]}"
+fi

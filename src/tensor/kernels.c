@@ -1,0 +1,112 @@
+/* CPU feature detection and the choice of kernel family, done once. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define TR_X86 1
+#endif
+
+typedef struct {
+    bool avx2;   /* AVX2 + FMA + F16C, OS saves YMM */
+    bool avx512; /* AVX-512 F/BW/VL/DQ + VNNI, OS saves ZMM */
+} cpu_features;
+
+#if TR_X86
+static uint64_t xgetbv0(void) {
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((uint64_t)edx << 32) | eax;
+}
+#endif
+
+static cpu_features detect(void) {
+    cpu_features f = {0};
+#if TR_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
+               f16c = c & (1u << 29);
+    if (!osxsave || !avx) return f;
+    const uint64_t xcr0 = xgetbv0();
+    const bool ymm_ok = (xcr0 & 0x6) == 0x6;
+    const bool zmm_ok = (xcr0 & 0xE6) == 0xE6;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+    const bool avx2 = b & (1u << 5);
+    const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
+               avx512vl = b & (1u << 31), vnni = c & (1u << 11);
+    f.avx2 = ymm_ok && avx2 && fma && f16c;
+    f.avx512 = f.avx2 && zmm_ok && avx512f && avx512dq && avx512bw && avx512vl && vnni;
+#endif
+    return f;
+}
+
+void tr_vec_dot_nc_generic(tr_vec_dot_fn dot, int64_t n, int nc, float *restrict s,
+                           size_t s_stride, const void *restrict w, const void *restrict a,
+                           size_t a_stride) {
+    for (int j = 0; j < nc; j++)
+        dot(n, s + (size_t)j * s_stride, w, (const char *)a + (size_t)j * a_stride);
+}
+
+enum { FAM_SCALAR, FAM_AVX2, FAM_AVX512, FAM_COUNT };
+static tr_kernels g_fam[FAM_COUNT];
+static bool g_have[FAM_COUNT];
+static int g_best;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void fill_scalar(tr_kernels *k) {
+    memset(k, 0, sizeof *k);
+    k->isa = "scalar";
+    for (int t = 0; t < TR_TYPE_COUNT; t++) {
+        const tr_type_traits *tt = tr_traits((tr_type)t);
+        k->vec_dot[t] = tt->vec_dot_ref;
+        k->from_float[t] = tt->from_float_ref;
+    }
+}
+
+static void init_once(void) {
+    const cpu_features f = detect();
+    fill_scalar(&g_fam[FAM_SCALAR]);
+    g_have[FAM_SCALAR] = true;
+#if TR_X86
+    if (f.avx2) {
+        fill_scalar(&g_fam[FAM_AVX2]);
+        g_fam[FAM_AVX2].isa = "avx2";
+        tr_kernels_fill_avx2(&g_fam[FAM_AVX2]);
+        g_have[FAM_AVX2] = true;
+    }
+    if (f.avx512) {
+        fill_scalar(&g_fam[FAM_AVX512]);
+        g_fam[FAM_AVX512].isa = "avx512";
+        tr_kernels_fill_avx2(&g_fam[FAM_AVX512]); /* entries AVX-512 does not cover */
+        tr_kernels_fill_avx512(&g_fam[FAM_AVX512]);
+        g_have[FAM_AVX512] = true;
+    }
+#else
+    (void)f;
+#endif
+    g_best = g_have[FAM_AVX512] ? FAM_AVX512 : g_have[FAM_AVX2] ? FAM_AVX2 : FAM_SCALAR;
+    /* TERRACE_ISA can only lower the choice: a family the CPU lacks would crash */
+    const char *env = getenv("TERRACE_ISA");
+    if (env) {
+        for (int i = 0; i < FAM_COUNT; i++)
+            if (g_have[i] && i < g_best && strcmp(env, g_fam[i].isa) == 0) g_best = i;
+    }
+}
+
+const tr_kernels *tr_kernels_best(void) {
+    pthread_once(&g_once, init_once);
+    return &g_fam[g_best];
+}
+
+const tr_kernels *tr_kernels_by_name(const char *isa) {
+    pthread_once(&g_once, init_once);
+    for (int i = 0; i < FAM_COUNT; i++)
+        if (g_have[i] && strcmp(isa, g_fam[i].isa) == 0) return &g_fam[i];
+    return NULL;
+}
+
+const char *tr_cpu_isa(void) { return tr_kernels_best()->isa; }

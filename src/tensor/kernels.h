@@ -1,0 +1,38 @@
+/*
+ * Kernel families chosen once at start-up from CPU features. A table holds, per weight type, the
+ * dot-product kernels and, per activation format, the quantizer; entries a family does not
+ * accelerate fall back to the scalar reference. Tests compare every family with the reference.
+ */
+#ifndef TR_TENSOR_KERNELS_H
+#define TR_TENSOR_KERNELS_H
+
+#include "tensor/types.h"
+
+#define TR_MAX_NC 4 /* activation columns one vec_dot_nc call handles */
+
+/* s[j * s_stride] = dot(w, a + j * a_stride bytes) for j < nc (1 <= nc <= TR_MAX_NC): one weight
+ * row against several activation rows, so the row is decoded once per group (prefill). */
+typedef void (*tr_vec_dot_nc_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
+                                 const void *restrict w, const void *restrict a, size_t a_stride);
+
+typedef struct tr_kernels {
+    const char *isa; /* "scalar", "avx2", "avx512" */
+    tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
+    tr_vec_dot_nc_fn vec_dot_nc[TR_TYPE_COUNT];
+    tr_from_float_fn from_float[TR_TYPE_COUNT]; /* activation formats only */
+} tr_kernels;
+
+/* the best family this CPU runs (lowered by TERRACE_ISA); initialised once, thread-safe */
+const tr_kernels *tr_kernels_best(void);
+/* a given family, or NULL if this build or CPU cannot run it ("scalar" always exists) */
+const tr_kernels *tr_kernels_by_name(const char *isa);
+
+/* per-ISA fillers (src/tensor/x86/...): override the entries they accelerate */
+void tr_kernels_fill_avx2(tr_kernels *k);
+void tr_kernels_fill_avx512(tr_kernels *k);
+
+/* generic nc-column dot built from a single-column dot (used where no fused kernel exists) */
+void tr_vec_dot_nc_generic(tr_vec_dot_fn dot, int64_t n, int nc, float *restrict s, size_t s_stride,
+                           const void *restrict w, const void *restrict a, size_t a_stride);
+
+#endif

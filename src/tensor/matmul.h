@@ -1,0 +1,28 @@
+/*
+ * Matrix products over weight matrices of any supported type, parallel over rows on the thread
+ * pool. Activations are first converted to the weight type's vec_dot_type as llama.cpp does
+ * (GGUF-FACTS §2.4); the caller provides the scratch for that (sized by tr_matmul_scratch_size),
+ * so nothing is allocated per call.
+ */
+#ifndef TR_TENSOR_MATMUL_H
+#define TR_TENSOR_MATMUL_H
+
+#include "core/pool.h"
+#include "tensor/kernels.h"
+
+typedef struct tr_mat {
+    tr_type type;
+    int64_t n_in;      /* elements per row (K) */
+    int64_t n_out;     /* rows (N) */
+    const void *data;  /* n_out rows of row_bytes */
+    size_t row_bytes;
+} tr_mat;
+
+/* bytes of scratch tr_matmul needs for M activation rows of K elements against type t */
+size_t tr_matmul_scratch_size(tr_type t, int64_t K, int64_t M);
+
+/* y[m * N + r] = sum_k W[r][k] * x[m * K + k] for m < M, r < N. `kern` NULL = best family. */
+void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x, int64_t M,
+               float *y, void *scratch);
+
+#endif

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Runs every test. Called by `make test` after the release and ASan/UBSan builds exist.
+# Tests that need ../shared/testdata print SKIPPED when it is absent, except under CI=true,
+# where its absence is a failure.
+set -u
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python3
+TESTDATA=${TERRACE_TESTDATA:-../shared/testdata}
+ASAN_BUILD=build/asan
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+TMP=$(mktemp -d /tmp/terrace-test.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+declare -a RESULTS
+FAILED=0
+run() {
+    local name=$1
+    shift
+    echo "=== $name"
+    local t0=$SECONDS
+    if "$@"; then
+        RESULTS+=("PASS     $name ($((SECONDS - t0)) s)")
+    else
+        RESULTS+=("FAIL     $name ($((SECONDS - t0)) s)")
+        FAILED=1
+    fi
+}
+skip() {
+    echo "=== $1: SKIPPED ($2)"
+    RESULTS+=("SKIPPED  $1 ($2)")
+}
+need_testdata() {
+    if [ -d "$TESTDATA" ]; then return 0; fi
+    if [ "${CI:-}" = "true" ]; then
+        echo "=== $1: FAIL: $TESTDATA is missing and CI=true"
+        RESULTS+=("FAIL     $1 (testdata missing under CI)")
+        FAILED=1
+    else
+        skip "$1" "$TESTDATA not found"
+    fi
+    return 1
+}
+
+# --- unit tests, release and sanitizer builds -------------------------------------------------
+for b in build "$ASAN_BUILD"; do
+    for t in test_pool test_kernels; do
+        [ -x "$b/tests/$t" ] && run "$t [$b]" "$b/tests/$t"
+    done
+done
+
+# --- dequantization against gguf.quants (numpy), bit-exact -------------------------------------
+run "gen dequant reference (gguf.quants)" $PY tests/py/gen_dequant.py "$TMP/dequant.gguf"
+run "test_dequant [build]" build/tests/test_dequant "$TMP/dequant.gguf"
+run "test_dequant [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_dequant" "$TMP/dequant.gguf"
+
+# --- GGUF reader: files from the gguf writer; hostile files; all under ASan/UBSan --------------
+run "gguf reader (gguf writer files) [$ASAN_BUILD]" \
+    $PY tests/py/test_gguf_reader.py "$ASAN_BUILD/terrace" "$ASAN_BUILD/tests/test_gguf"
+run "hostile GGUF files [$ASAN_BUILD]" $PY tests/py/test_hostile.py "$ASAN_BUILD/terrace"
+
+# --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
+if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
+    run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \
+        build/fuzz/fuzz_gguf -runs=0 fuzz/corpus
+else
+    skip "fuzz corpus replay" "clang/libFuzzer not available"
+fi
+
+# --- thread pool under ThreadSanitizer ---------------------------------------------------------
+run "build test_pool [tsan]" ${CC:-cc} -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Itests -O1 -g \
+    -fsanitize=thread -o "$TMP/test_pool_tsan" tests/test_pool.c src/core/pool.c src/core/error.c \
+    -lpthread
+[ -x "$TMP/test_pool_tsan" ] && run "test_pool [tsan]" "$TMP/test_pool_tsan"
+
+# --- terrace inspect on every vocabulary GGUF in the shared test data ---------------------------
+if need_testdata "inspect shared vocab files"; then
+    inspect_all() {
+        local ok=0 n=0
+        for f in "$TESTDATA"/vocab/*.gguf; do
+            n=$((n + 1))
+            if ! "$ASAN_BUILD/terrace" inspect "$f" >"$TMP/inspect.txt" 2>"$TMP/inspect.err"; then
+                echo "inspect failed on $f: $(cat "$TMP/inspect.err")"
+                ok=1
+                continue
+            fi
+            if ! "$ASAN_BUILD/terrace" inspect --json "$f" | $PY -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["tokenizer"]["vocab_size"] > 0 and d["architecture"], "tokenizer/architecture missing"
+' ; then
+                echo "inspect --json gave a bad document for $f"
+                ok=1
+            fi
+            printf '  %-40s %s\n' "$(basename "$f")" "$(grep -E '^  (model|vocabulary) ' "$TMP/inspect.txt" | tr -s ' ' | tr '\n' ';')"
+        done
+        echo "  $n vocabulary files inspected"
+        [ "$n" -gt 0 ] && return $ok
+    }
+    run "inspect shared vocab files [$ASAN_BUILD]" inspect_all
+fi
+
+# --- tokenizers against llama.cpp's test vectors ----------------------------------------------
+if [ -x build/tests/test_tokenizer ] && need_testdata "tokenizer vectors"; then
+    for f in "$TESTDATA"/vocab/*.gguf; do
+        [ -f "$f.inp" ] && [ -f "$f.out" ] || continue
+        run "tokenizer $(basename "$f" .gguf)" build/tests/test_tokenizer "$f" "$f.inp" "$f.out"
+    done
+fi
+
+echo
+echo "==================== summary ===================="
+printf '%s\n' "${RESULTS[@]}"
+if [ $FAILED -ne 0 ]; then
+    echo "SOME TESTS FAILED"
+    exit 1
+fi
+echo "all tests passed"

@@ -1,0 +1,100 @@
+/*
+ * Thread pool: every thread runs each task exactly once, results are visible to the caller after
+ * tr_pool_run returns, dynamic chunk claiming covers every item exactly once, and the pool
+ * survives idle periods (workers go to sleep and wake up again). Also run under TSan.
+ */
+#include <stdatomic.h>
+#include <time.h>
+
+#include "core/pool.h"
+#include "testutil.h"
+
+typedef struct {
+    atomic_int calls;
+    atomic_int mask;
+    int64_t n;
+    unsigned char *hits; /* one slot per item, written by exactly one thread */
+    atomic_int_fast64_t next;
+    int64_t chunk;
+    int64_t partial[64];
+} job;
+
+static void count_task(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    atomic_fetch_add(&j->calls, 1);
+    atomic_fetch_or(&j->mask, 1 << ith);
+    (void)nth;
+}
+
+static void static_split_task(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    int64_t b, e, sum = 0;
+    tr_split_range(j->n, ith, nth, &b, &e);
+    for (int64_t i = b; i < e; i++) {
+        j->hits[i]++;
+        sum += i;
+    }
+    j->partial[ith] = sum;
+}
+
+static void dynamic_task(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    (void)ith;
+    (void)nth;
+    int64_t b, e;
+    while (tr_claim(&j->next, j->n, j->chunk, &b, &e))
+        for (int64_t i = b; i < e; i++) j->hits[i]++;
+}
+
+int main(void) {
+    tr_error err;
+    TU_CHECK(tr_cpu_physical_cores() >= 1, "physical cores");
+    printf("  physical cores: %d\n", tr_cpu_physical_cores());
+    for (int nth = 1; nth <= 4; nth++) {
+        tr_pool *p = NULL;
+        TU_CHECK(tr_pool_create(nth, &p, &err) == TR_OK, "%s", err.msg);
+        TU_CHECK(tr_pool_size(p) == nth, "size %d", tr_pool_size(p));
+        for (int rep = 0; rep < 500; rep++) {
+            job j = {.n = 0};
+            tr_pool_run(p, count_task, &j);
+            if (atomic_load(&j.calls) != nth || atomic_load(&j.mask) != (1 << nth) - 1) {
+                TU_CHECK(0, "rep %d: %d calls, mask %x with %d threads", rep,
+                         atomic_load(&j.calls), atomic_load(&j.mask), nth);
+                break;
+            }
+        }
+        for (int64_t n = 0; n < 1000; n += 37) {
+            unsigned char hits[1000] = {0};
+            job j = {.n = n, .hits = hits};
+            tr_pool_run(p, static_split_task, &j);
+            int64_t sum = 0;
+            for (int t = 0; t < nth; t++) sum += j.partial[t];
+            TU_CHECK(sum == n * (n - 1) / 2, "static split sum n=%lld", (long long)n);
+            for (int64_t i = 0; i < n; i++) TU_CHECK(hits[i] == 1, "static item %lld", (long long)i);
+            for (int64_t chunk = 1; chunk < 50; chunk += 13) {
+                memset(hits, 0, sizeof hits);
+                job d = {.n = n, .hits = hits, .chunk = chunk};
+                atomic_init(&d.next, 0);
+                tr_pool_run(p, dynamic_task, &d);
+                for (int64_t i = 0; i < n; i++)
+                    if (hits[i] != 1) {
+                        TU_CHECK(0, "dynamic item %lld hit %d times", (long long)i, hits[i]);
+                        break;
+                    }
+            }
+        }
+        /* idle long enough for the workers to fall asleep, then use the pool again */
+        struct timespec ts = {0, 30 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        job j = {.n = 0};
+        tr_pool_run(p, count_task, &j);
+        TU_CHECK(atomic_load(&j.calls) == nth, "after sleep: %d calls", atomic_load(&j.calls));
+        tr_pool_free(p);
+    }
+    tr_pool *p = NULL;
+    TU_CHECK(tr_pool_create(100000, &p, &err) == TR_E_ARG, "absurd thread count accepted");
+    TU_CHECK(tr_pool_create(0, &p, &err) == TR_OK && tr_pool_size(p) == tr_cpu_physical_cores(),
+             "default thread count = physical cores");
+    tr_pool_free(p);
+    return tu_result("test_pool");
+}

@@ -1,0 +1,43 @@
+/* terrace CLI entry point: dispatches to a command. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    cli_command_fn fn;
+    const char *help;
+} k_commands[] = {
+    {"inspect", cmd_inspect, "show a GGUF file: architecture, hyperparameters, tokenizer, tensors"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "terrace %s — run GGUF language models bigger than memory\n\n"
+               "usage: terrace <command> [options]\n\ncommands:\n",
+            TR_VERSION_STRING);
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", k_commands[i].name, k_commands[i].help);
+    fprintf(f, "\n'terrace <command> --help' shows the options of a command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("terrace %s (kernels: %s)\n", TR_VERSION_STRING, tr_cpu_isa());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        if (!strcmp(cmd, k_commands[i].name)) return k_commands[i].fn(argc - 1, argv + 1);
+    cli_error("unknown command '%s'", cmd);
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+}
