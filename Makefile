@@ -20,7 +20,7 @@ ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
 LDLIBS  := -lpcre2-8 -lpthread -lm
 CLI_LIBS := -lcjson
 
-LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c
 CLI_SRC := $(wildcard tools/*.c)
 

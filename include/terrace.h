@@ -201,6 +201,76 @@ tr_status tr_pool_create(int n_threads, tr_pool **out, tr_error *err);
 void tr_pool_free(tr_pool *p);
 int tr_pool_size(const tr_pool *p);
 
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Models and sessions                                                                            */
+/*
+ * A tr_model holds the weights (mapped read-only by default) and the thread pool; a tr_session is
+ * one timeline (one sequence) and owns its KV cache and scratch. Calls that compute (eval, decode)
+ * on sessions of the same model are serialised by the model: one forward pass at a time.
+ */
+
+typedef struct tr_model tr_model;
+typedef struct tr_session tr_session;
+
+/* progress of long operations: `what` names the phase ("loading", "prefill"), done <= total */
+typedef void (*tr_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
+
+typedef struct tr_model_params {
+    int n_threads;         /* <= 0: physical cores */
+    bool no_mmap;          /* true: read weights into memory instead of mapping them */
+    tr_progress_fn progress;
+    void *progress_user;
+} tr_model_params;
+
+tr_model_params tr_model_default_params(void);
+tr_status tr_model_load(const char *path, const tr_model_params *params, tr_model **out,
+                        tr_error *err);
+void tr_model_free(tr_model *m);
+
+const char *tr_model_arch(const tr_model *m);
+int32_t tr_model_n_vocab(const tr_model *m);
+int32_t tr_model_n_ctx_train(const tr_model *m);
+int32_t tr_model_n_embd(const tr_model *m);
+int32_t tr_model_n_layer(const tr_model *m);
+uint64_t tr_model_weight_bytes(const tr_model *m);
+const tr_gguf *tr_model_gguf(const tr_model *m);
+tr_pool *tr_model_pool(tr_model *m);
+/* comma-separated list of the architectures this build runs */
+const char *tr_supported_archs(void);
+
+typedef struct tr_session_params {
+    int32_t n_ctx;    /* context length in tokens; <= 0: min(training context, 4096) */
+    int32_t n_batch;  /* most tokens one eval call computes at once; <= 0: 512 */
+} tr_session_params;
+
+tr_session_params tr_session_default_params(void);
+/* Computes what the session needs (KV cache + scratch), reports it in the error if it cannot be
+ * allocated, and allocates it once: nothing is allocated per token afterwards. */
+tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
+                            tr_error *err);
+void tr_session_free(tr_session *s);
+/* bytes of KV cache and scratch this session holds */
+uint64_t tr_session_bytes(const tr_session *s);
+int32_t tr_session_n_ctx(const tr_session *s);
+int32_t tr_session_n_past(const tr_session *s);
+/* drop every token from position `n` on (0 clears the session) */
+tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err);
+
+/*
+ * Appends n tokens to the session's timeline and computes them in chunks of n_batch. Logits:
+ * `logits` NULL = none; otherwise with all_logits false it receives the logits of the last token
+ * ([n_vocab]), with all_logits true those of every token ([n][n_vocab]). A context overflow is an
+ * error that changes nothing.
+ */
+tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float *logits,
+                          bool all_logits, tr_error *err);
+
+/* One decode step of B independent sequences: token b is appended to sessions[b] and its logits
+ * written to logits[b][n_vocab]. All sessions must belong to the same model. */
+tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t B, float *logits,
+                          tr_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,7 @@ static const struct {
     const char *help;
 } k_commands[] = {
     {"inspect", cmd_inspect, "show a GGUF file: architecture, hyperparameters, tokenizer, tensors"},
+    {"logits", cmd_logits, "evaluate token ids, dump every position's logits (for parity checks)"},
 };
 
 static void usage(FILE *f) {

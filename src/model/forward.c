@@ -1,0 +1,246 @@
+/*
+ * The forward pass shared by every architecture: a batch of rows (tokens; of one session during
+ * prefill, of several during batched decode) goes through the layers together, so every weight
+ * matrix is read once per batch (matrix-matrix products); attention runs per row against that
+ * row's own session KV cache. Nothing is allocated here: all buffers come from the scratch the
+ * session sized at creation.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/ops.h"
+#include "model/session.h"
+#include "tensor/fp16.h"
+
+static void add_bias(float *y, const float *b, int32_t rows, int64_t n, int64_t stride) {
+    if (!b) return;
+    for (int32_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++) y[(size_t)r * stride + i] += b[i];
+}
+
+static void matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x, int32_t rows,
+                   float *y) {
+    tr_matmul(m->pool, m->kern, W, x, rows, y, sc->mm);
+}
+
+/* y[r * stride + i] = (W x_r)[i] for i < n: matmul writes packed rows, spread them if needed */
+static void project(tr_model *m, tr_scratch *sc, const tr_mat *W, int32_t rows, float *y,
+                    int64_t n, int64_t stride) {
+    if (n == stride) {
+        matmul(m, sc, W, sc->xn, rows, y);
+        return;
+    }
+    matmul(m, sc, W, sc->xn, rows, sc->att);
+    for (int32_t r = rows - 1; r >= 0; r--)
+        memmove(y + r * stride, sc->att + r * n, (size_t)n * sizeof(float));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* attention                                                                                      */
+
+typedef struct attn_job {
+    tr_model *m;
+    tr_scratch *sc;
+    int32_t layer, rows;
+    float scale;
+    atomic_int_fast64_t next;
+} attn_job;
+
+/* one (row, head): scores against every visible key, softmax, weighted sum of V — with the F16
+ * roundings of llama.cpp's non-flash path (q and the probabilities are rounded to F16 because
+ * its matmuls against the F16 cache convert the other operand to F16) */
+static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
+    tr_model *m = j->m;
+    tr_scratch *sc = j->sc;
+    const tr_hparams *hp = &m->hp;
+    const tr_layer *L = &m->layers[j->layer];
+    const struct tr_session *s = sc->row_sess[r];
+    const int32_t pos = sc->row_pos[r];
+    const int32_t hdk = hp->head_dim_k, hdv = hp->head_dim_v;
+    const int32_t kvh = h / (L->n_head / L->n_head_kv);
+    const size_t k_stride = (size_t)L->n_head_kv * hdk;
+    int32_t j0 = 0;
+    if (L->swa && hp->n_swa > 0 && pos >= hp->n_swa) j0 = pos - hp->n_swa + 1;
+    const int32_t n = pos - j0 + 1;
+
+    float *scores = sc->scores + (size_t)ith * sc->n_ctx_cap;
+    uint16_t *p16 = sc->p16 + (size_t)ith * sc->n_ctx_cap;
+    uint16_t *q16 = sc->q16 + (size_t)ith * hdk;
+    const float *q = sc->q + (size_t)r * hp->n_head_max * hdk + (size_t)h * hdk;
+    for (int32_t d = 0; d < hdk; d++) q16[d] = tr_f32_to_f16(q[d]);
+
+    const tr_vec_dot_fn dot16 = m->kern->vec_dot[TR_TYPE_F16];
+    const uint16_t *K = tr_sess_k(s, j->layer) + (size_t)kvh * hdk;
+    float mx = -INFINITY;
+    for (int32_t t = 0; t < n; t++) {
+        float v;
+        dot16(hdk, &v, K + (size_t)(j0 + t) * k_stride, q16);
+        v *= j->scale;
+        scores[t] = v;
+        if (v > mx) mx = v;
+    }
+    double sum = 0.0;
+    for (int32_t t = 0; t < n; t++) {
+        const float e = expf(scores[t] - mx);
+        scores[t] = e;
+        sum += (double)e;
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t t = 0; t < n; t++) p16[t] = tr_f32_to_f16(scores[t] * inv);
+
+    const uint16_t *VT = tr_sess_vt(s, j->layer) + (size_t)kvh * hdv * s->n_ctx;
+    float *out = sc->att + (size_t)r * hp->n_head_max * hdv + (size_t)h * hdv;
+    for (int32_t d = 0; d < hdv; d++) dot16(n, &out[d], VT + (size_t)d * s->n_ctx + j0, p16);
+}
+
+static void attn_task(void *ctx, int ith, int nth) {
+    (void)nth;
+    attn_job *j = ctx;
+    const int32_t n_head = j->m->layers[j->layer].n_head;
+    const int64_t total = (int64_t)j->rows * n_head;
+    int64_t b, e;
+    while (tr_claim(&j->next, total, 4, &b, &e))
+        for (int64_t i = b; i < e; i++) attend_one(j, ith, (int32_t)(i / n_head), (int32_t)(i % n_head));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static tr_rope_params layer_rope(const tr_model *m, const tr_layer *L) {
+    const tr_hparams *hp = &m->hp;
+    return (tr_rope_params){
+        .n_rot = hp->n_rot,
+        .style = m->arch->rope,
+        .base = L->rope_base,
+        .freq_scale = L->rope_freq_scale,
+        .ext_factor = hp->yarn_ext_factor,
+        .attn_factor = hp->yarn_attn_factor,
+        .beta_fast = hp->yarn_beta_fast,
+        .beta_slow = hp->yarn_beta_slow,
+        .n_ctx_orig = hp->rope_n_ctx_orig,
+        .freq_factors = m->rope_freqs,
+    };
+}
+
+static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
+    const tr_hparams *hp = &m->hp;
+    const tr_layer *L = &m->layers[l];
+    const int32_t hdk = hp->head_dim_k, hdv = hp->head_dim_v;
+    const int64_t nq = (int64_t)L->n_head * hdk, nk = (int64_t)L->n_head_kv * hdk,
+                  nv = (int64_t)L->n_head_kv * hdv;
+    const int64_t q_stride = (int64_t)hp->n_head_max * hdk, k_stride = (int64_t)hp->n_head_kv_max * hdk,
+                  v_stride = (int64_t)hp->n_head_kv_max * hdv;
+    const int64_t E = hp->n_embd;
+
+    for (int32_t r = 0; r < rows; r++)
+        tr_rmsnorm(sc->xn + r * E, sc->x + r * E, L->attn_norm, E, hp->rms_eps);
+
+    /* projections; with per-layer head counts below the maximum the outputs are re-spread to
+     * the buffers' row strides */
+    project(m, sc, &L->wq, rows, sc->q, nq, q_stride);
+    project(m, sc, &L->wk, rows, sc->k, nk, k_stride);
+    project(m, sc, &L->wv, rows, sc->v, nv, v_stride);
+    add_bias(sc->q, L->bq, rows, nq, q_stride);
+    add_bias(sc->k, L->bk, rows, nk, k_stride);
+    add_bias(sc->v, L->bv, rows, nv, v_stride);
+
+    const tr_rope_params rp = layer_rope(m, L);
+    for (int32_t r = 0; r < rows; r++) {
+        float *q = sc->q + r * q_stride, *k = sc->k + r * k_stride;
+        if (m->arch->qk_norm == TR_QKNORM_HEAD) {
+            for (int32_t h = 0; h < L->n_head; h++)
+                tr_rmsnorm(q + h * hdk, q + h * hdk, L->q_norm, hdk, hp->rms_eps);
+            for (int32_t h = 0; h < L->n_head_kv; h++)
+                tr_rmsnorm(k + h * hdk, k + h * hdk, L->k_norm, hdk, hp->rms_eps);
+        } else if (m->arch->qk_norm == TR_QKNORM_FULL) {
+            tr_rmsnorm(q, q, L->q_norm, nq, hp->rms_eps);
+            tr_rmsnorm(k, k, L->k_norm, nk, hp->rms_eps);
+        }
+        float *cs = sc->rope_cs + (size_t)r * hp->n_rot;
+        tr_rope_cache(cs, sc->row_pos[r], &rp);
+        for (int32_t h = 0; h < L->n_head; h++) tr_rope_apply(q + h * hdk, cs, &rp);
+        for (int32_t h = 0; h < L->n_head_kv; h++) tr_rope_apply(k + h * hdk, cs, &rp);
+        if (m->arch->q_prescale)
+            for (int64_t i = 0; i < nq; i++) q[i] *= hp->attn_scale;
+
+        /* the new K/V enter the row's session cache (F16, V transposed) */
+        struct tr_session *s = sc->row_sess[r];
+        const int32_t pos = sc->row_pos[r];
+        uint16_t *K = tr_sess_k(s, l) + (size_t)pos * nk;
+        for (int64_t i = 0; i < nk; i++) K[i] = tr_f32_to_f16(k[i]);
+        uint16_t *VT = tr_sess_vt(s, l);
+        const float *v = sc->v + r * v_stride;
+        for (int64_t i = 0; i < nv; i++) VT[(size_t)i * s->n_ctx + pos] = tr_f32_to_f16(v[i]);
+    }
+
+    attn_job j = {.m = m, .sc = sc, .layer = l, .rows = rows,
+                  .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale};
+    atomic_init(&j.next, 0);
+    tr_pool_run(m->pool, attn_task, &j);
+
+    /* pack the per-head outputs [rows][n_head * hdv] and project */
+    const int64_t no = (int64_t)L->n_head * hdv, att_stride = (int64_t)hp->n_head_max * hdv;
+    if (no != att_stride)
+        for (int32_t r = 1; r < rows; r++)
+            memmove(sc->att + r * no, sc->att + r * att_stride, (size_t)no * sizeof(float));
+    matmul(m, sc, &L->wo, sc->att, rows, sc->o);
+    add_bias(sc->o, L->bo, rows, E, E);
+    for (int32_t r = 0; r < rows; r++) {
+        float *o = sc->o + r * E;
+        if (L->post_attn_norm) tr_rmsnorm(o, o, L->post_attn_norm, E, hp->rms_eps);
+        float *x = sc->x + r * E;
+        for (int64_t i = 0; i < E; i++) x[i] += o[i];
+    }
+}
+
+static void ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
+    const tr_hparams *hp = &m->hp;
+    const tr_layer *L = &m->layers[l];
+    const int64_t E = hp->n_embd, F = L->n_ff;
+    for (int32_t r = 0; r < rows; r++)
+        tr_rmsnorm(sc->xn + r * E, sc->x + r * E, L->ffn_norm, E, hp->rms_eps);
+    matmul(m, sc, &L->ffn_gate, sc->xn, rows, sc->g);
+    matmul(m, sc, &L->ffn_up, sc->xn, rows, sc->u);
+    if (m->arch->act == TR_ACT_GELU) tr_geglu(sc->g, sc->u, rows * F);
+    else tr_swiglu(sc->g, sc->u, rows * F);
+    matmul(m, sc, &L->ffn_down, sc->g, rows, sc->o);
+    for (int32_t r = 0; r < rows; r++) {
+        float *o = sc->o + r * E;
+        if (L->post_ffw_norm) tr_rmsnorm(o, o, L->post_ffw_norm, E, hp->rms_eps);
+        float *x = sc->x + r * E;
+        for (int64_t i = 0; i < E; i++) x[i] += o[i];
+    }
+}
+
+tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *tokens,
+                     float *logits, int32_t logits_rows, tr_error *err) {
+    const tr_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd;
+    if (rows < 1 || rows > sc->rows)
+        return tr_fail(err, TR_E_INTERNAL, "forward: %d rows (capacity %d)", rows, sc->rows);
+    const tr_to_float_fn embd_row = tr_traits(m->tok_embd.type)->to_float;
+    for (int32_t r = 0; r < rows; r++) {
+        if (tokens[r] < 0 || tokens[r] >= hp->n_vocab)
+            return tr_fail(err, TR_E_ARG, "token id %d is outside the vocabulary (0..%d)",
+                           tokens[r], hp->n_vocab - 1);
+        float *x = sc->x + r * E;
+        embd_row((const char *)m->tok_embd.data + (size_t)tokens[r] * m->tok_embd.row_bytes, x, E);
+        if (hp->embd_scale != 1.0f)
+            for (int64_t i = 0; i < E; i++) x[i] *= hp->embd_scale;
+    }
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        attention_block(m, sc, l, rows);
+        ffn_block(m, sc, l, rows);
+    }
+    if (logits_rows <= 0) return TR_OK;
+    const int32_t first = rows - logits_rows;
+    for (int32_t r = first; r < rows; r++)
+        tr_rmsnorm(sc->xn + (r - first) * E, sc->x + r * E, m->output_norm, E, hp->rms_eps);
+    matmul(m, sc, &m->output, sc->xn, logits_rows, logits);
+    if (hp->final_logit_softcap > 0.0f) {
+        const float c = hp->final_logit_softcap;
+        for (int64_t i = 0; i < (int64_t)logits_rows * hp->n_vocab; i++)
+            logits[i] = c * tanhf(logits[i] / c);
+    }
+    return TR_OK;
+}

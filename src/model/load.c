@@ -1,0 +1,484 @@
+/*
+ * Model loading: hyperparameters from "<arch>.*" keys (GGUF-FACTS §3.1) with llama.cpp's
+ * defaults, validated before anything is sized by them; weights bound by name with their shapes
+ * and types checked; the file mapped read-only (or copied into memory with no_mmap).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <unistd.h>
+
+#include "core/error.h"
+#include "gguf/gguf_internal.h"
+#include "model/model.h"
+#include "tensor/types.h"
+
+#define MAX_LAYERS 100000 /* sanity bound on a value read from the file, not a fixed table */
+
+static bool key_lookup(const tr_model *m, const char *suffix, int64_t *idx) {
+    char key[256];
+    snprintf(key, sizeof key, "%s.%s", m->arch_name, suffix);
+    *idx = tr_gguf_find_key(m->gguf, key);
+    return *idx >= 0;
+}
+
+bool tr_model_has_key(const tr_model *m, const char *suffix) {
+    int64_t i;
+    return key_lookup(m, suffix, &i);
+}
+
+bool tr_model_key_int(const tr_model *m, const char *suffix, int64_t *out) {
+    int64_t i;
+    return key_lookup(m, suffix, &i) && tr_gguf_get_int(m->gguf, i, out);
+}
+
+bool tr_model_key_float(const tr_model *m, const char *suffix, float *out) {
+    int64_t i;
+    double d;
+    if (!key_lookup(m, suffix, &i) || !tr_gguf_get_float(m->gguf, i, &d)) return false;
+    *out = (float)d;
+    return true;
+}
+
+static tr_status need_int(const tr_model *m, const char *suffix, int64_t lo, int64_t hi,
+                          int64_t *out, tr_error *err) {
+    int64_t i;
+    if (!key_lookup(m, suffix, &i))
+        return tr_fail(err, TR_E_FORMAT, "missing hyperparameter %s.%s", m->arch_name, suffix);
+    if (!tr_gguf_get_int(m->gguf, i, out))
+        return tr_fail(err, TR_E_FORMAT, "hyperparameter %s.%s is not an integer (%s)",
+                       m->arch_name, suffix, tr_gguf_vtype_name(tr_gguf_kv_type(m->gguf, i)));
+    if (*out < lo || *out > hi)
+        return tr_fail(err, TR_E_FORMAT, "hyperparameter %s.%s = %" PRId64 " is out of range (%" PRId64
+                       "..%" PRId64 ")", m->arch_name, suffix, *out, lo, hi);
+    return TR_OK;
+}
+
+/* a key that is either one integer or an array with one entry per layer (get_key_or_arr) */
+static tr_status per_layer(tr_model *m, const char *suffix, int64_t dflt, bool required,
+                           int64_t lo, int64_t hi, int32_t *out, tr_error *err) {
+    const int32_t n = m->hp.n_layer;
+    int64_t i;
+    if (!key_lookup(m, suffix, &i)) {
+        if (required)
+            return tr_fail(err, TR_E_FORMAT, "missing hyperparameter %s.%s", m->arch_name, suffix);
+        for (int32_t l = 0; l < n; l++) out[l] = (int32_t)dflt;
+        return TR_OK;
+    }
+    if (tr_gguf_kv_type(m->gguf, i) == TR_GGUF_ARRAY) {
+        const tr_gguf_vtype et = tr_gguf_arr_type(m->gguf, i);
+        if (tr_gguf_arr_len(m->gguf, i) != (uint64_t)n ||
+            (et != TR_GGUF_U32 && et != TR_GGUF_I32))
+            return tr_fail(err, TR_E_FORMAT,
+                           "hyperparameter %s.%s is an array of %" PRIu64 " %s values; expected %d "
+                           "32-bit integers (one per layer)",
+                           m->arch_name, suffix, tr_gguf_arr_len(m->gguf, i),
+                           tr_gguf_vtype_name(et), n);
+        const uint8_t *d = tr_gguf_arr_data(m->gguf, i);
+        for (int32_t l = 0; l < n; l++) {
+            int64_t v;
+            if (et == TR_GGUF_U32) {
+                uint32_t u;
+                memcpy(&u, d + 4 * l, 4);
+                v = u;
+            } else {
+                int32_t s;
+                memcpy(&s, d + 4 * l, 4);
+                v = s;
+            }
+            if (v < lo || v > hi)
+                return tr_fail(err, TR_E_FORMAT, "%s.%s[%d] = %" PRId64 " is out of range",
+                               m->arch_name, suffix, l, v);
+            out[l] = (int32_t)v;
+        }
+        return TR_OK;
+    }
+    int64_t v;
+    tr_status s = need_int(m, suffix, lo, hi, &v, err);
+    if (s) return s;
+    for (int32_t l = 0; l < n; l++) out[l] = (int32_t)v;
+    return TR_OK;
+}
+
+static tr_status load_hparams(tr_model *m, int32_t *n_head, int32_t *n_head_kv, int32_t *n_ff,
+                              tr_error *err) {
+    tr_hparams *hp = &m->hp;
+    int64_t v;
+    tr_status s;
+    if ((s = need_int(m, "embedding_length", 1, 1 << 20, &v, err))) return s;
+    hp->n_embd = (int32_t)v;
+    if ((s = per_layer(m, "attention.head_count", 0, true, 1, 1 << 16, n_head, err))) return s;
+    if ((s = per_layer(m, "feed_forward_length", 0, false, 0, 1 << 24, n_ff, err))) return s;
+    int64_t kv_idx;
+    if (key_lookup(m, "attention.head_count_kv", &kv_idx)) {
+        if ((s = per_layer(m, "attention.head_count_kv", 0, true, 1, 1 << 16, n_head_kv, err)))
+            return s;
+    } else {
+        memcpy(n_head_kv, n_head, (size_t)hp->n_layer * sizeof *n_head);
+    }
+    hp->n_head_max = hp->n_head_kv_max = hp->n_ff_max = 0;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        if (n_head[l] % n_head_kv[l] != 0)
+            return tr_fail(err, TR_E_FORMAT,
+                           "layer %d: %d attention heads is not a multiple of %d KV heads", l,
+                           n_head[l], n_head_kv[l]);
+        if (n_head[l] > hp->n_head_max) hp->n_head_max = n_head[l];
+        if (n_head_kv[l] > hp->n_head_kv_max) hp->n_head_kv_max = n_head_kv[l];
+        if (n_ff[l] > hp->n_ff_max) hp->n_ff_max = n_ff[l];
+        if (n_ff[l] <= 0)
+            return tr_fail(err, TR_E_FORMAT, "missing or zero %s.feed_forward_length (layer %d)",
+                           m->arch_name, l);
+    }
+    const int64_t hd_default = hp->n_embd / hp->n_head_max;
+    hp->head_dim_k = (int32_t)hd_default;
+    hp->head_dim_v = (int32_t)hd_default;
+    if (tr_model_key_int(m, "attention.key_length", &v)) hp->head_dim_k = (int32_t)v;
+    if (tr_model_key_int(m, "attention.value_length", &v)) hp->head_dim_v = (int32_t)v;
+    if (hp->head_dim_k <= 0 || hp->head_dim_v <= 0 || hp->head_dim_k > 4096 ||
+        hp->head_dim_v > 4096)
+        return tr_fail(err, TR_E_FORMAT, "head dimension %d/%d is out of range", hp->head_dim_k,
+                       hp->head_dim_v);
+    hp->n_rot = hp->head_dim_k;
+    if (tr_model_key_int(m, "rope.dimension_count", &v)) hp->n_rot = (int32_t)v;
+    if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim_k || hp->n_rot % 2)
+        return tr_fail(err, TR_E_FORMAT,
+                       "%s.rope.dimension_count = %d must be even and at most the head dimension %d",
+                       m->arch_name, hp->n_rot, hp->head_dim_k);
+    if (!strcmp(m->arch->name, "llama") && hp->n_rot != hp->head_dim_k)
+        return tr_fail(err, TR_E_FORMAT, "llama requires rope.dimension_count (%d) == head dim (%d)",
+                       hp->n_rot, hp->head_dim_k);
+    if ((s = need_int(m, "context_length", 1, INT32_MAX, &v, err))) return s;
+    hp->n_ctx_train = (int32_t)v;
+
+    if (!tr_model_key_float(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps))
+        return tr_fail(err, TR_E_FORMAT, "missing hyperparameter %s.attention.layer_norm_rms_epsilon",
+                       m->arch_name);
+    if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
+        return tr_fail(err, TR_E_FORMAT, "RMS norm epsilon %g is out of range", hp->rms_eps);
+
+    hp->rope_base = 10000.0f;
+    tr_model_key_float(m, "rope.freq_base", &hp->rope_base);
+    hp->rope_base_swa = hp->rope_base;
+    tr_model_key_float(m, "rope.freq_base_swa", &hp->rope_base_swa);
+    if (!(hp->rope_base > 0.0f) || !(hp->rope_base_swa > 0.0f))
+        return tr_fail(err, TR_E_FORMAT, "RoPE base %g is not positive", hp->rope_base);
+
+    /* scaling: llama.cpp defaults the type to linear, forces freq_scale 1 for "none" */
+    tr_str st = {0};
+    char key[256];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch_name);
+    hp->rope_scaling = TR_ROPE_SCALING_LINEAR;
+    if (tr_gguf_kv_str(m->gguf, key, &st)) {
+        if (st.len == 4 && !memcmp(st.ptr, "none", 4)) hp->rope_scaling = TR_ROPE_SCALING_NONE;
+        else if (st.len == 6 && !memcmp(st.ptr, "linear", 6)) hp->rope_scaling = TR_ROPE_SCALING_LINEAR;
+        else if (st.len == 4 && !memcmp(st.ptr, "yarn", 4)) hp->rope_scaling = TR_ROPE_SCALING_YARN;
+        else
+            return tr_fail(err, TR_E_UNSUPPORTED, "RoPE scaling type '%.*s' is not supported (none, "
+                           "linear, yarn are)", (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    }
+    float factor = 0.0f;
+    if (!tr_model_key_float(m, "rope.scaling.factor", &factor))
+        tr_model_key_float(m, "rope.scale_linear", &factor);
+    hp->rope_freq_scale = (factor > 0.0f) ? 1.0f / factor : 1.0f;
+    if (hp->rope_scaling == TR_ROPE_SCALING_NONE) hp->rope_freq_scale = 1.0f;
+    hp->rope_n_ctx_orig = hp->n_ctx_train;
+    if (tr_model_key_int(m, "rope.scaling.original_context_length", &v) && v > 0)
+        hp->rope_n_ctx_orig = (int32_t)v;
+    hp->yarn_ext_factor = hp->rope_scaling == TR_ROPE_SCALING_YARN ? 1.0f : 0.0f;
+    hp->yarn_attn_factor = 1.0f;
+    tr_model_key_float(m, "rope.scaling.attn_factor", &hp->yarn_attn_factor);
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    tr_model_key_float(m, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast);
+    tr_model_key_float(m, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow);
+
+    hp->n_swa = 0;
+    if (tr_model_key_int(m, "attention.sliding_window", &v)) {
+        if (v < 0 || v > INT32_MAX)
+            return tr_fail(err, TR_E_FORMAT, "sliding window %" PRId64 " is out of range", v);
+        hp->n_swa = (int32_t)v;
+    }
+    hp->final_logit_softcap = 0.0f;
+    tr_model_key_float(m, "final_logit_softcapping", &hp->final_logit_softcap);
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim_k);
+    hp->embd_scale = m->arch->embd_scale_sqrt ? sqrtf((float)hp->n_embd) : 1.0f;
+    return TR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* weights                                                                                        */
+
+static void *own(tr_model *m, size_t bytes) {
+    if (m->n_owned == m->cap_owned) {
+        size_t cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **grown = realloc(m->owned, cap * sizeof *grown);
+        if (!grown) return NULL;
+        m->owned = grown;
+        m->cap_owned = cap;
+    }
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (p) m->owned[m->n_owned++] = p;
+    return p;
+}
+
+static const void *tensor_ptr(const tr_model *m, const tr_tensor_info *t) {
+    return (const char *)m->shard_base[t->shard] + t->file_offset;
+}
+
+static const tr_tensor_info *find(const tr_model *m, const char *name) {
+    return tr_gguf_tensor(m->gguf, tr_gguf_find_tensor(m->gguf, name));
+}
+
+/* shape check: ne = [d0, d1] with any trailing dims of 1 */
+static tr_status check_shape(const tr_tensor_info *t, int64_t d0, int64_t d1, tr_error *err) {
+    const int64_t want[4] = {d0, d1, 1, 1};
+    for (int k = 0; k < 4; k++)
+        if (t->ne[k] != want[k])
+            return tr_fail(err, TR_E_FORMAT,
+                           "tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                           "], expected [%" PRId64 ", %" PRId64 "]",
+                           t->name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], d0, d1);
+    return TR_OK;
+}
+
+/* a matrix [n_in, n_out]; `required` false leaves it zeroed when absent */
+static tr_status bind_mat(tr_model *m, tr_mat *out, const char *name, int64_t n_in, int64_t n_out,
+                          bool required, tr_error *err) {
+    memset(out, 0, sizeof *out);
+    const tr_tensor_info *t = find(m, name);
+    if (!t) {
+        if (!required) return TR_OK;
+        return tr_fail(err, TR_E_FORMAT, "missing tensor '%s' (required by %s)", name,
+                       m->arch->name);
+    }
+    tr_status s = check_shape(t, n_in, n_out, err);
+    if (s) return s;
+    if (!tr_type_supported(t->type))
+        return tr_fail(err, TR_E_UNSUPPORTED,
+                       "tensor '%s' has type %s, which terrace cannot compute (supported: F32, F16, "
+                       "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4)",
+                       name, tr_type_name(t->type));
+    out->type = t->type;
+    out->n_in = n_in;
+    out->n_out = n_out;
+    out->data = tensor_ptr(m, t);
+    out->row_bytes = tr_type_row_bytes(t->type, n_in);
+    return TR_OK;
+}
+
+/* a vector of n floats (norm weights, biases); converted to f32 if stored otherwise */
+static tr_status bind_vec(tr_model *m, const float **out, const char *name, int64_t n,
+                          bool required, tr_error *err) {
+    *out = NULL;
+    const tr_tensor_info *t = find(m, name);
+    if (!t) {
+        if (!required) return TR_OK;
+        return tr_fail(err, TR_E_FORMAT, "missing tensor '%s' (required by %s)", name,
+                       m->arch->name);
+    }
+    tr_status s = check_shape(t, n, 1, err);
+    if (s) return s;
+    if (t->type == TR_TYPE_F32 && ((uintptr_t)tensor_ptr(m, t) & 3) == 0) {
+        *out = tensor_ptr(m, t);
+        return TR_OK;
+    }
+    float *f = own(m, (size_t)n * sizeof *f);
+    if (!f) return tr_fail(err, TR_E_NOMEM, "out of memory converting '%s'", name);
+    if ((s = tr_dequantize(t->type, tensor_ptr(m, t), f, n, err))) {
+        tr_error_prefix(err, "tensor '%s': ", name);
+        return s;
+    }
+    *out = f;
+    return TR_OK;
+}
+
+static tr_status bind_weights(tr_model *m, tr_error *err) {
+    const tr_hparams *hp = &m->hp;
+    tr_status s;
+    char n1[96];
+    const tr_tensor_info *emb = find(m, "token_embd.weight");
+    if (!emb) return tr_fail(err, TR_E_FORMAT, "missing tensor 'token_embd.weight'");
+    if (emb->ne[0] != hp->n_embd || emb->ne[1] < 1 || emb->ne[2] != 1 || emb->ne[3] != 1)
+        return tr_fail(err, TR_E_FORMAT, "tensor 'token_embd.weight' has shape [%" PRId64 ", %" PRId64
+                       "], expected [%d, n_vocab]", emb->ne[0], emb->ne[1], hp->n_embd);
+    m->hp.n_vocab = (int32_t)emb->ne[1];
+    if ((s = bind_mat(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, true, err)))
+        return s;
+    if ((s = bind_mat(m, &m->output, "output.weight", hp->n_embd, hp->n_vocab, false, err)))
+        return s;
+    if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    if ((s = bind_vec(m, &m->output_norm, "output_norm.weight", hp->n_embd, true, err))) return s;
+    if ((s = bind_vec(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, false, err))) return s;
+
+    const tr_arch *a = m->arch;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        tr_layer *L = &m->layers[l];
+        const int64_t nq = (int64_t)L->n_head * hp->head_dim_k;
+        const int64_t nk = (int64_t)L->n_head_kv * hp->head_dim_k;
+        const int64_t nv = (int64_t)L->n_head_kv * hp->head_dim_v;
+        const int64_t no = (int64_t)L->n_head * hp->head_dim_v;
+#define NAME(fmt) (snprintf(n1, sizeof n1, "blk.%d." fmt, l), n1)
+        if ((s = bind_vec(m, &L->attn_norm, NAME("attn_norm.weight"), hp->n_embd, true, err)) ||
+            (s = bind_mat(m, &L->wq, NAME("attn_q.weight"), hp->n_embd, nq, true, err)) ||
+            (s = bind_mat(m, &L->wk, NAME("attn_k.weight"), hp->n_embd, nk, true, err)) ||
+            (s = bind_mat(m, &L->wv, NAME("attn_v.weight"), hp->n_embd, nv, true, err)) ||
+            (s = bind_mat(m, &L->wo, NAME("attn_output.weight"), no, hp->n_embd, true, err)) ||
+            (s = bind_vec(m, &L->bq, NAME("attn_q.bias"), nq, a->qkv_bias, err)) ||
+            (s = bind_vec(m, &L->bk, NAME("attn_k.bias"), nk, a->qkv_bias, err)) ||
+            (s = bind_vec(m, &L->bv, NAME("attn_v.bias"), nv, a->qkv_bias, err)) ||
+            (s = bind_vec(m, &L->bo, NAME("attn_output.bias"), hp->n_embd, false, err)))
+            return s;
+        if (a->qk_norm == TR_QKNORM_HEAD &&
+            ((s = bind_vec(m, &L->q_norm, NAME("attn_q_norm.weight"), hp->head_dim_k, true, err)) ||
+             (s = bind_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), hp->head_dim_k, true, err))))
+            return s;
+        if (a->qk_norm == TR_QKNORM_FULL &&
+            ((s = bind_vec(m, &L->q_norm, NAME("attn_q_norm.weight"), nq, true, err)) ||
+             (s = bind_vec(m, &L->k_norm, NAME("attn_k_norm.weight"), nk, true, err))))
+            return s;
+        if (a->post_norms &&
+            ((s = bind_vec(m, &L->post_attn_norm, NAME("post_attention_norm.weight"), hp->n_embd,
+                           true, err)) ||
+             (s = bind_vec(m, &L->post_ffw_norm, NAME("post_ffw_norm.weight"), hp->n_embd, true,
+                           err))))
+            return s;
+        if ((s = bind_vec(m, &L->ffn_norm, NAME("ffn_norm.weight"), hp->n_embd, true, err)) ||
+            (s = bind_mat(m, &L->ffn_gate, NAME("ffn_gate.weight"), hp->n_embd, L->n_ff, true, err)) ||
+            (s = bind_mat(m, &L->ffn_up, NAME("ffn_up.weight"), hp->n_embd, L->n_ff, true, err)) ||
+            (s = bind_mat(m, &L->ffn_down, NAME("ffn_down.weight"), L->n_ff, hp->n_embd, true, err)))
+            return s;
+#undef NAME
+    }
+    return TR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+tr_model_params tr_model_default_params(void) {
+    return (tr_model_params){.n_threads = 0, .no_mmap = false};
+}
+
+static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *err) {
+    const uint32_t n = tr_gguf_n_shards(m->gguf);
+    m->shard_base = calloc(n, sizeof *m->shard_base);
+    if (!m->shard_base) return tr_fail(err, TR_E_NOMEM, "out of memory");
+    if (!p->no_mmap) {
+        tr_status s = tr_gguf_map(m->gguf, err);
+        if (s) return s;
+        for (uint32_t i = 0; i < n; i++) m->shard_base[i] = m->gguf->shards[i].map;
+        return TR_OK;
+    }
+    uint64_t total = 0, done = 0;
+    for (uint32_t i = 0; i < n; i++) total += tr_gguf_shard_size(m->gguf, i);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint64_t size = tr_gguf_shard_size(m->gguf, i);
+        char *buf = own(m, size ? size : 1);
+        if (!buf)
+            return tr_fail(err, TR_E_NOMEM, "--no-mmap: cannot allocate %" PRIu64 " bytes for %s",
+                           size, tr_gguf_shard_path(m->gguf, i));
+        const int fd = tr_gguf_shard_fd(m->gguf, i);
+        for (uint64_t off = 0; off < size;) {
+            const uint64_t chunk = size - off < (64u << 20) ? size - off : (64u << 20);
+            ssize_t got = pread(fd, buf + off, chunk, (off_t)off);
+            if (got <= 0)
+                return tr_fail(err, TR_E_IO, "%s: read failed at byte %" PRIu64 "%s",
+                               tr_gguf_shard_path(m->gguf, i), off,
+                               got == 0 ? " (file truncated?)" : "");
+            off += (uint64_t)got;
+            done += (uint64_t)got;
+            if (p->progress) p->progress(p->progress_user, "loading", done, total);
+        }
+        m->shard_base[i] = buf;
+    }
+    return TR_OK;
+}
+
+tr_status tr_model_load(const char *path, const tr_model_params *params, tr_model **out,
+                        tr_error *err) {
+    *out = NULL;
+    tr_model_params p = params ? *params : tr_model_default_params();
+    tr_model *m = calloc(1, sizeof *m);
+    if (!m) return tr_fail(err, TR_E_NOMEM, "out of memory");
+    pthread_mutex_init(&m->lock, NULL);
+    int32_t *n_head = NULL, *n_head_kv = NULL, *n_ff = NULL;
+    tr_status s = tr_gguf_open(path, &m->gguf, err);
+    if (s) goto fail;
+    tr_str arch;
+    if (!tr_gguf_kv_str(m->gguf, "general.architecture", &arch)) {
+        s = tr_fail(err, TR_E_FORMAT, "%s: no general.architecture key: not a model file", path);
+        goto fail;
+    }
+    snprintf(m->arch_name, sizeof m->arch_name, "%.*s", (int)(arch.len < 63 ? arch.len : 63),
+             arch.ptr);
+    m->arch = tr_arch_find(m->arch_name);
+    if (!m->arch) {
+        s = tr_fail(err, TR_E_UNSUPPORTED,
+                    "%s: architecture '%s' is not supported (supported: %s)", path, m->arch_name,
+                    tr_supported_archs());
+        goto fail;
+    }
+    int64_t n_layer;
+    if ((s = need_int(m, "block_count", 1, MAX_LAYERS, &n_layer, err))) goto fail;
+    m->hp.n_layer = (int32_t)n_layer;
+    m->layers = calloc((size_t)n_layer, sizeof *m->layers);
+    n_head = calloc((size_t)n_layer, sizeof *n_head);
+    n_head_kv = calloc((size_t)n_layer, sizeof *n_head_kv);
+    n_ff = calloc((size_t)n_layer, sizeof *n_ff);
+    if (!m->layers || !n_head || !n_head_kv || !n_ff) {
+        s = tr_fail(err, TR_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((s = load_hparams(m, n_head, n_head_kv, n_ff, err))) goto fail;
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        m->layers[l].n_head = n_head[l];
+        m->layers[l].n_head_kv = n_head_kv[l];
+        m->layers[l].n_ff = n_ff[l];
+        m->layers[l].rope_base = m->hp.rope_base;
+        m->layers[l].rope_freq_scale = m->hp.rope_freq_scale;
+        m->layers[l].swa = false;
+    }
+    if ((s = read_shards(m, &p, err))) goto fail;
+    if ((s = bind_weights(m, err))) goto fail;
+    if (m->arch->hook && (s = m->arch->hook(m, err))) goto fail;
+    for (int64_t i = 0; i < tr_gguf_n_tensors(m->gguf); i++)
+        m->weight_bytes += tr_gguf_tensor(m->gguf, i)->nbytes;
+    m->kern = tr_kernels_best();
+    if ((s = tr_pool_create(p.n_threads, &m->pool, err))) goto fail;
+    free(n_head);
+    free(n_head_kv);
+    free(n_ff);
+    *out = m;
+    return TR_OK;
+fail:
+    free(n_head);
+    free(n_head_kv);
+    free(n_ff);
+    if (s == TR_OK) s = TR_E_INTERNAL;
+    if (m->gguf && err && strstr(err->msg, path) == NULL) tr_error_prefix(err, "%s: ", path);
+    tr_model_free(m);
+    return s;
+}
+
+void tr_model_free(tr_model *m) {
+    if (!m) return;
+    tr_pool_free(m->pool);
+    for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->shard_base);
+    free(m->layers);
+    tr_gguf_close(m->gguf);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+const char *tr_model_arch(const tr_model *m) { return m->arch_name; }
+int32_t tr_model_n_vocab(const tr_model *m) { return m->hp.n_vocab; }
+int32_t tr_model_n_ctx_train(const tr_model *m) { return m->hp.n_ctx_train; }
+int32_t tr_model_n_embd(const tr_model *m) { return m->hp.n_embd; }
+int32_t tr_model_n_layer(const tr_model *m) { return m->hp.n_layer; }
+uint64_t tr_model_weight_bytes(const tr_model *m) { return m->weight_bytes; }
+const tr_gguf *tr_model_gguf(const tr_model *m) { return m->gguf; }
+tr_pool *tr_model_pool(tr_model *m) { return m->pool; }

@@ -1,0 +1,93 @@
+/*
+ * Model internals: hyperparameters, the architecture descriptor table, bound weights.
+ *
+ * An architecture is a descriptor (which tensors exist, RoPE style, norms, activation, ...) plus
+ * an optional hook for what does not fit in flags (per-layer sliding-window pattern, per-layer
+ * RoPE bases). The forward pass in forward.c is shared by all of them.
+ */
+#ifndef TR_MODEL_MODEL_H
+#define TR_MODEL_MODEL_H
+
+#include <pthread.h>
+
+#include "terrace.h"
+#include "tensor/matmul.h"
+
+typedef enum { TR_ROPE_NORM = 0, TR_ROPE_NEOX = 2 } tr_rope_style;
+typedef enum { TR_QKNORM_NONE, TR_QKNORM_HEAD, TR_QKNORM_FULL } tr_qknorm;
+typedef enum { TR_ACT_SILU, TR_ACT_GELU } tr_act;
+typedef enum { TR_ROPE_SCALING_NONE, TR_ROPE_SCALING_LINEAR, TR_ROPE_SCALING_YARN } tr_rope_scaling;
+
+typedef struct tr_hparams {
+    int32_t n_vocab, n_ctx_train, n_embd, n_layer;
+    int32_t head_dim_k, head_dim_v, n_rot;
+    int32_t n_head_max, n_head_kv_max, n_ff_max; /* maxima over layers, for buffer sizes */
+    float rms_eps;
+    float rope_base, rope_base_swa, rope_freq_scale; /* freq_scale = 1 / scaling factor */
+    tr_rope_scaling rope_scaling;
+    int32_t rope_n_ctx_orig;
+    float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    int32_t n_swa;           /* sliding window (0: none) */
+    float attn_scale;        /* score scale (1/sqrt(head_dim) unless the arch says otherwise) */
+    float embd_scale;        /* multiplies token embeddings (1 unless the arch says otherwise) */
+    float final_logit_softcap;
+} tr_hparams;
+
+struct tr_model;
+
+typedef struct tr_arch {
+    const char *name;
+    tr_rope_style rope;
+    tr_qknorm qk_norm;
+    tr_act act;
+    bool qkv_bias;        /* Q/K/V biases are expected (optional ones are probed anyway) */
+    bool post_norms;      /* gemma: norm the attention and FFN outputs before the residual */
+    bool q_prescale;      /* gemma: q *= attn_scale before attention, which then uses scale 1 */
+    bool embd_scale_sqrt; /* gemma: embeddings * sqrt(n_embd) */
+    /* per-architecture rules that are not flags (SWA layer pattern, RoPE bases, scales) */
+    tr_status (*hook)(struct tr_model *m, tr_error *err);
+} tr_arch;
+
+typedef struct tr_layer {
+    const float *attn_norm;
+    tr_mat wq, wk, wv, wo;
+    const float *bq, *bk, *bv, *bo;  /* NULL when absent */
+    const float *q_norm, *k_norm;
+    const float *post_attn_norm;
+    const float *ffn_norm;
+    tr_mat ffn_gate, ffn_up, ffn_down;
+    const float *post_ffw_norm;
+    int32_t n_head, n_head_kv, n_ff;
+    bool swa;         /* sliding-window attention layer */
+    float rope_base;  /* RoPE theta of this layer */
+    float rope_freq_scale;
+} tr_layer;
+
+struct tr_model {
+    tr_gguf *gguf;
+    const tr_arch *arch;
+    tr_hparams hp;
+    tr_layer *layers;
+    tr_mat tok_embd;       /* rows are token embeddings */
+    tr_mat output;         /* logits projection (tied to tok_embd when absent) */
+    const float *output_norm;
+    const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
+    void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */
+    size_t n_owned, cap_owned;
+    const void **shard_base; /* per shard: mapped file or a full in-memory copy */
+    uint64_t weight_bytes;
+    tr_pool *pool;
+    const tr_kernels *kern;
+    pthread_mutex_t lock; /* one forward pass at a time per model */
+    char arch_name[64];
+};
+
+/* src/model/arch.c */
+const tr_arch *tr_arch_find(const char *name);
+
+/* src/model/load.c helpers used by hooks */
+bool tr_model_has_key(const struct tr_model *m, const char *suffix);
+bool tr_model_key_float(const struct tr_model *m, const char *suffix, float *out);
+bool tr_model_key_int(const struct tr_model *m, const char *suffix, int64_t *out);
+
+#endif

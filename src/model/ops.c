@@ -1,0 +1,98 @@
+#include "model/ops.h"
+
+#include <math.h>
+#include <pthread.h>
+
+#include "tensor/fp16.h"
+
+void tr_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    if (w) {
+        /* ggml scales first, then multiplies by the weight in a separate op */
+        for (int64_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
+    }
+}
+
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2.0f * (float)M_PI)) /
+           (2.0f * logf(base));
+}
+
+void tr_rope_cache(float *cs, int32_t pos, const tr_rope_params *p) {
+    const float theta_scale = powf(p->base, -2.0f / (float)p->n_rot);
+    float corr[2] = {0, 0};
+    if (p->ext_factor != 0.0f) {
+        const float start = floorf(yarn_corr_dim(p->n_rot, p->n_ctx_orig, p->beta_fast, p->base));
+        const float end = ceilf(yarn_corr_dim(p->n_rot, p->n_ctx_orig, p->beta_slow, p->base));
+        corr[0] = start > 0 ? start : 0;
+        corr[1] = end < (float)(p->n_rot - 1) ? end : (float)(p->n_rot - 1);
+    }
+    float theta = (float)pos;
+    for (int32_t i0 = 0; i0 < p->n_rot; i0 += 2) {
+        const float ff = p->freq_factors ? p->freq_factors[i0 / 2] : 1.0f;
+        const float theta_extrap = theta / ff;
+        const float theta_interp = p->freq_scale * theta_extrap;
+        float th = theta_interp, mscale = p->attn_factor;
+        if (p->ext_factor != 0.0f) {
+            const float y = ((float)(i0 / 2) - corr[0]) / fmaxf(0.001f, corr[1] - corr[0]);
+            const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * p->ext_factor;
+            th = theta_interp * (1.0f - ramp) + theta_extrap * ramp;
+            mscale *= 1.0f + 0.1f * logf(1.0f / p->freq_scale);
+        }
+        cs[i0] = cosf(th) * mscale;
+        cs[i0 + 1] = sinf(th) * mscale;
+        theta *= theta_scale;
+    }
+}
+
+void tr_rope_apply(float *x, const float *cs, const tr_rope_params *p) {
+    const int32_t half = p->n_rot / 2;
+    for (int32_t i0 = 0; i0 < p->n_rot; i0 += 2) {
+        const float c = cs[i0], s = cs[i0 + 1];
+        float *a, *b;
+        if (p->style == TR_ROPE_NORM) {
+            a = &x[i0];
+            b = &x[i0 + 1];
+        } else {
+            a = &x[i0 / 2];
+            b = &x[i0 / 2 + half];
+        }
+        const float x0 = *a, x1 = *b;
+        *a = x0 * c - x1 * s;
+        *b = x0 * s + x1 * c;
+    }
+}
+
+void tr_swiglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+}
+
+/* ggml's GELU table: gelu of every F16 value, stored as F16 */
+static uint16_t g_gelu[1 << 16];
+static pthread_once_t g_gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_init(void) {
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    for (uint32_t i = 0; i < (1u << 16); i++) {
+        const float x = tr_f16_to_f32((uint16_t)i);
+        const float y = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+        g_gelu[i] = tr_f32_to_f16(y);
+    }
+}
+
+float tr_gelu_table(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    pthread_once(&g_gelu_once, gelu_init);
+    return tr_f16_to_f32(g_gelu[tr_f32_to_f16(x)]);
+}
+
+void tr_geglu(float *g, const float *u, int64_t n) {
+    pthread_once(&g_gelu_once, gelu_init);
+    for (int64_t i = 0; i < n; i++) g[i] = tr_gelu_table(g[i]) * u[i];
+}

@@ -1,0 +1,222 @@
+/*
+ * Sessions: the KV cache and scratch are sized from the model and the session parameters before
+ * anything is allocated, allocated once, and reused for every token.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/session.h"
+
+tr_session_params tr_session_default_params(void) {
+    return (tr_session_params){.n_ctx = 0, .n_batch = 0};
+}
+
+/* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */
+static size_t mm_scratch_bytes(const tr_model *m, int32_t rows) {
+    size_t need = 0;
+#define CONSIDER(mat)                                                                              \
+    do {                                                                                           \
+        if ((mat).data) {                                                                          \
+            size_t b = tr_matmul_scratch_size((mat).type, (mat).n_in, rows);                       \
+            if (b > need) need = b;                                                                \
+        }                                                                                          \
+    } while (0)
+    CONSIDER(m->output);
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        const tr_layer *L = &m->layers[l];
+        CONSIDER(L->wq);
+        CONSIDER(L->wk);
+        CONSIDER(L->wv);
+        CONSIDER(L->wo);
+        CONSIDER(L->ffn_gate);
+        CONSIDER(L->ffn_up);
+        CONSIDER(L->ffn_down);
+    }
+#undef CONSIDER
+    return need;
+}
+
+typedef struct layout {
+    size_t off[32];
+    int n;
+    size_t total;
+} layout;
+
+/* reserves `bytes` (64-byte aligned) and returns its index in the layout */
+static int reserve(layout *lo, size_t bytes) {
+    lo->total = (lo->total + 63) & ~(size_t)63;
+    lo->off[lo->n] = lo->total;
+    lo->total += bytes;
+    return lo->n++;
+}
+
+tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
+                            tr_error *err) {
+    *out = NULL;
+    tr_session_params p = params ? *params : tr_session_default_params();
+    const tr_hparams *hp = &m->hp;
+    if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (p.n_batch <= 0) p.n_batch = 512;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.n_ctx > (1 << 24))
+        return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
+
+    tr_session *s = calloc(1, sizeof *s);
+    if (!s) return tr_fail(err, TR_E_NOMEM, "out of memory");
+    s->m = m;
+    s->n_ctx = p.n_ctx;
+    s->n_batch = p.n_batch;
+    s->layer_k_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_k;
+    s->layer_v_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_v;
+    const uint64_t kv_bytes = (uint64_t)hp->n_layer * (s->layer_k_elems + s->layer_v_elems) * 2;
+
+    const size_t R = (size_t)p.n_batch, E = (size_t)hp->n_embd;
+    const size_t nq = (size_t)hp->n_head_max * hp->head_dim_k;
+    const size_t no = (size_t)hp->n_head_max * hp->head_dim_v;
+    const size_t nk = (size_t)hp->n_head_kv_max * hp->head_dim_k;
+    const size_t nv = (size_t)hp->n_head_kv_max * hp->head_dim_v;
+    const size_t natt = nq > no ? nq : no;
+    const int nth = tr_pool_size(m->pool);
+    layout lo = {0};
+    const int ix = reserve(&lo, R * E * 4), ixn = reserve(&lo, R * E * 4),
+              iq = reserve(&lo, R * nq * 4), ik = reserve(&lo, R * nk * 4),
+              iv = reserve(&lo, R * nv * 4), iatt = reserve(&lo, R * (natt > nk ? natt : nk) * 4),
+              io = reserve(&lo, R * E * 4), ig = reserve(&lo, R * (size_t)hp->n_ff_max * 4),
+              iu = reserve(&lo, R * (size_t)hp->n_ff_max * 4),
+              imm = reserve(&lo, mm_scratch_bytes(m, p.n_batch)),
+              isc = reserve(&lo, (size_t)nth * p.n_ctx * 4),
+              ip16 = reserve(&lo, (size_t)nth * p.n_ctx * 2),
+              iq16 = reserve(&lo, (size_t)nth * hp->head_dim_k * 2),
+              irs = reserve(&lo, R * sizeof(tr_session *)), irp = reserve(&lo, R * 4),
+              ics = reserve(&lo, R * (size_t)hp->n_rot * 4);
+    s->bytes = kv_bytes + lo.total;
+    s->kv = aligned_alloc(64, (kv_bytes + 63) & ~(uint64_t)63);
+    s->scratch_mem = aligned_alloc(64, (lo.total + 63) & ~(size_t)63);
+    if (!s->kv || !s->scratch_mem) {
+        char need[64];
+        snprintf(need, sizeof need, "%.1f MiB", (double)s->bytes / (1024.0 * 1024.0));
+        tr_session_free(s);
+        return tr_fail(err, TR_E_NOMEM,
+                       "cannot allocate the session: it needs %s (KV cache %" PRIu64 " MiB for %d "
+                       "tokens + %zu MiB scratch for batches of %d); lower -c or -b",
+                       need, kv_bytes >> 20, p.n_ctx, lo.total >> 20, p.n_batch);
+    }
+    char *b = s->scratch_mem;
+    tr_scratch *sc = &s->sc;
+    sc->rows = p.n_batch;
+    sc->n_ctx_cap = p.n_ctx;
+    sc->x = (float *)(b + lo.off[ix]);
+    sc->xn = (float *)(b + lo.off[ixn]);
+    sc->q = (float *)(b + lo.off[iq]);
+    sc->k = (float *)(b + lo.off[ik]);
+    sc->v = (float *)(b + lo.off[iv]);
+    sc->att = (float *)(b + lo.off[iatt]);
+    sc->o = (float *)(b + lo.off[io]);
+    sc->g = (float *)(b + lo.off[ig]);
+    sc->u = (float *)(b + lo.off[iu]);
+    sc->mm = b + lo.off[imm];
+    sc->nth = nth;
+    sc->scores = (float *)(b + lo.off[isc]);
+    sc->p16 = (uint16_t *)(b + lo.off[ip16]);
+    sc->q16 = (uint16_t *)(b + lo.off[iq16]);
+    sc->row_sess = (struct tr_session **)(b + lo.off[irs]);
+    sc->row_pos = (int32_t *)(b + lo.off[irp]);
+    sc->rope_cs = (float *)(b + lo.off[ics]);
+    *out = s;
+    return TR_OK;
+}
+
+void tr_session_free(tr_session *s) {
+    if (!s) return;
+    free(s->kv);
+    free(s->scratch_mem);
+    free(s);
+}
+
+uint64_t tr_session_bytes(const tr_session *s) { return s->bytes; }
+int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
+int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
+
+tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err) {
+    if (n < 0 || n > s->n_past)
+        return tr_fail(err, TR_E_ARG, "cannot truncate to %d tokens (session holds %d)", n,
+                       s->n_past);
+    s->n_past = n; /* later positions are overwritten before they are read again */
+    return TR_OK;
+}
+
+tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float *logits,
+                          bool all_logits, tr_error *err) {
+    if (n <= 0) return tr_fail(err, TR_E_ARG, "no tokens to evaluate");
+    if ((int64_t)s->n_past + n > s->n_ctx)
+        return tr_fail(err, TR_E_ARG,
+                       "%d tokens do not fit in the context: %d of %d positions are used (raise -c)",
+                       n, s->n_past, s->n_ctx);
+    tr_model *m = s->m;
+    const int32_t n_vocab = m->hp.n_vocab;
+    pthread_mutex_lock(&m->lock);
+    tr_status st = TR_OK;
+    const int32_t start = s->n_past;
+    for (int32_t done = 0; done < n && st == TR_OK;) {
+        const int32_t rows = n - done < s->n_batch ? n - done : s->n_batch;
+        for (int32_t r = 0; r < rows; r++) {
+            s->sc.row_sess[r] = s;
+            s->sc.row_pos[r] = s->n_past + r;
+        }
+        const bool last_chunk = done + rows == n;
+        int32_t lrows = 0;
+        float *dst = NULL;
+        if (logits && all_logits) {
+            lrows = rows;
+            dst = logits + (size_t)done * n_vocab;
+        } else if (logits && last_chunk) {
+            lrows = 1;
+            dst = logits;
+        }
+        st = tr_forward(m, &s->sc, rows, tokens + done, dst, lrows, err);
+        if (st == TR_OK) {
+            s->n_past += rows;
+            done += rows;
+        }
+    }
+    if (st != TR_OK) s->n_past = start; /* all or nothing */
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t B, float *logits,
+                          tr_error *err) {
+    if (B <= 0) return tr_fail(err, TR_E_ARG, "empty batch");
+    tr_session *s0 = sessions[0];
+    tr_model *m = s0->m;
+    if (B > s0->n_batch)
+        return tr_fail(err, TR_E_ARG, "batch of %d sequences exceeds the first session's batch "
+                       "size %d", B, s0->n_batch);
+    for (int32_t b = 0; b < B; b++) {
+        if (sessions[b]->m != m)
+            return tr_fail(err, TR_E_ARG, "sequence %d belongs to another model", b);
+        if (sessions[b]->n_past >= sessions[b]->n_ctx)
+            return tr_fail(err, TR_E_ARG, "sequence %d: context full (%d tokens)", b,
+                           sessions[b]->n_ctx);
+        if (sessions[b]->n_past >= s0->sc.n_ctx_cap)
+            return tr_fail(err, TR_E_ARG, "sequence %d is longer (%d tokens) than the first "
+                           "session's context (%d): put the session with the largest context first",
+                           b, sessions[b]->n_past + 1, s0->sc.n_ctx_cap);
+        for (int32_t c = 0; c < b; c++)
+            if (sessions[c] == sessions[b])
+                return tr_fail(err, TR_E_ARG, "sequence %d appears twice in the batch", b);
+    }
+    pthread_mutex_lock(&m->lock);
+    for (int32_t b = 0; b < B; b++) {
+        s0->sc.row_sess[b] = sessions[b];
+        s0->sc.row_pos[b] = sessions[b]->n_past;
+    }
+    tr_status st = tr_forward(m, &s0->sc, B, tokens, logits, logits ? B : 0, err);
+    if (st == TR_OK)
+        for (int32_t b = 0; b < B; b++) sessions[b]->n_past++;
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}

@@ -1,0 +1,58 @@
+/*
+ * A session: one timeline of tokens, its KV cache and the scratch of a forward pass.
+ *
+ * KV layout follows llama.cpp's non-flash-attention CPU path, which is what the parity tests
+ * compare against: K as F16 rows per position [n_ctx][n_head_kv * head_dim_k]; V transposed,
+ * F16 rows per channel [n_head_kv * head_dim_v][n_ctx], so the attention-weighted sum of V is a
+ * dot product along positions (the same F16 x F16 dot llama.cpp's mul_mat uses).
+ */
+#ifndef TR_MODEL_SESSION_H
+#define TR_MODEL_SESSION_H
+
+#include "model/model.h"
+
+typedef struct tr_scratch {
+    int32_t rows;    /* capacity in rows (tokens computed together) */
+    int32_t n_ctx_cap; /* positions the attention buffers hold */
+    float *x;        /* [rows][n_embd] residual stream */
+    float *xn;       /* [rows][n_embd] normed input of a block */
+    float *q;        /* [rows][n_head * hd_k] */
+    float *k;        /* [rows][n_head_kv * hd_k] */
+    float *v;        /* [rows][n_head_kv * hd_v] */
+    float *att;      /* [rows][n_head * hd_v] */
+    float *o;        /* [rows][n_embd] */
+    float *g, *u;    /* [rows][n_ff] */
+    void *mm;        /* activation quantization scratch of tr_matmul */
+    int nth;         /* attention buffers per thread */
+    float *scores;   /* [nth][n_ctx] */
+    uint16_t *p16;   /* [nth][n_ctx] */
+    uint16_t *q16;   /* [nth][hd_k] */
+    /* per row bookkeeping */
+    struct tr_session **row_sess;
+    int32_t *row_pos;
+    float *rope_cs;  /* [rows][n_rot] cos/sin of the current layer's parameters */
+} tr_scratch;
+
+struct tr_session {
+    tr_model *m;
+    int32_t n_ctx, n_batch, n_past;
+    uint16_t *kv;       /* one allocation: per layer K then V^T */
+    size_t layer_k_elems, layer_v_elems;
+    tr_scratch sc;
+    void *scratch_mem;
+    uint64_t bytes;
+};
+
+static inline uint16_t *tr_sess_k(const struct tr_session *s, int32_t l) {
+    return s->kv + (size_t)l * (s->layer_k_elems + s->layer_v_elems);
+}
+static inline uint16_t *tr_sess_vt(const struct tr_session *s, int32_t l) {
+    return tr_sess_k(s, l) + s->layer_k_elems;
+}
+
+/* forward.c: compute `rows` rows (row r: token tokens[r] of sc->row_sess[r] at sc->row_pos[r]).
+ * logits_rows: 0 = none, 1 = last row only, rows = every row; written to `logits`. */
+tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *tokens,
+                     float *logits, int32_t logits_rows, tr_error *err);
+
+#endif

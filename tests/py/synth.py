@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Synthetic random-weight GGUF models of every architecture terrace runs, written with the PyPI
+`gguf` writer, for logit parity against llama.cpp.
+
+Random numbers come from a splitmix64 stream implemented here (not numpy's generators, whose
+streams may change between numpy versions), so the same file is produced on every machine and
+stored reference logits stay valid.
+
+usage: synth.py ARCH TYPE OUT.gguf      TYPE in F32, F16, Q8_0 (Q4_K_M: quantize an F16 file
+                                          with llama.cpp, see parity.py)
+       synth.py --list                  print the ARCH names
+"""
+import sys
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize
+
+MASK = (1 << 64) - 1
+
+
+def splitmix(seed, n):
+    """n uint64 values of the splitmix64 sequence started at `seed` (vectorised)"""
+    with np.errstate(over="ignore"):
+        x = (np.uint64(seed) + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+class Rng:
+    def __init__(self, seed):
+        self.seed = seed
+
+    def normal(self, shape, std=1.0):
+        n = int(np.prod(shape))
+        self.seed = (self.seed * 6364136223846793005 + 1442695040888963407) & MASK
+        u = splitmix(self.seed, 4 * n).reshape(4, n)
+        f = (u >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)  # [0, 1)
+        z = (f.sum(axis=0) - 2.0) * np.sqrt(3.0)  # Irwin-Hall(4), mean 0, var 1
+        return (z * std).astype(np.float32).reshape(shape)
+
+
+# shapes are small but exercise what matters: GQA, head_dim != n_embd/n_head (qwen3), biases
+# (qwen2), sliding-window + global layers (gemma3, 6 layers, window 16)
+ARCHS = {
+    "llama":  dict(n_embd=256, n_layer=2, n_head=8, n_head_kv=2, head_dim=32, n_ff=512),
+    "qwen2":  dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=512),
+    "qwen3":  dict(n_embd=256, n_layer=2, n_head=8, n_head_kv=4, head_dim=64, n_ff=512),
+    "gemma3": dict(n_embd=256, n_layer=6, n_head=4, n_head_kv=1, head_dim=64, n_ff=512),
+}
+N_VOCAB = 1024
+CTX = 2048
+
+
+def byte_tokens():
+    """the GPT-2 byte alphabet, so llama.cpp's BPE vocabulary loader accepts the file"""
+    bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for c in cs]
+
+
+def write(arch, qtype, path):
+    cfg = ARCHS[arch]
+    E, L, H, KV, HD, F = (cfg[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff"))
+    rng = Rng(hash_seed(arch))
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"terrace synthetic {arch} {qtype}")
+    w.add_context_length(CTX)
+    w.add_embedding_length(E)
+    w.add_block_count(L)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_layer_norm_rms_eps(1e-6 if arch != "llama" else 1e-5)
+    w.add_rope_freq_base({"llama": 10000.0, "qwen2": 1e6, "qwen3": 1e6, "gemma3": 1e6}[arch])
+    if arch in ("qwen3", "gemma3"):
+        w.add_key_length(HD)
+        w.add_value_length(HD)
+    if arch == "llama":
+        w.add_rope_dimension_count(HD)
+    if arch == "gemma3":
+        w.add_sliding_window(16)
+    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[qtype])
+
+    toks = byte_tokens()
+    toks += [f"<extra_{i}>" for i in range(N_VOCAB - len(toks) - 2)] + ["<|bos|>", "<|eos|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(toks)
+    w.add_token_types([1] * (N_VOCAB - 2) + [3, 3])
+    w.add_token_merges(["Ġ t"])
+    w.add_bos_token_id(N_VOCAB - 2)
+    w.add_eos_token_id(N_VOCAB - 1)
+
+    def mat(name, rows, cols, std):
+        data = rng.normal((rows, cols), std)
+        if qtype == "F32":
+            w.add_tensor(name, data)
+        elif qtype == "F16":
+            w.add_tensor(name, data.astype(np.float16))
+        else:
+            w.add_tensor(name, quantize(data, T.Q8_0), raw_dtype=T.Q8_0)
+
+    def vec(name, n, mean=1.0, std=0.1):
+        w.add_tensor(name, (mean + rng.normal((n,), std)).astype(np.float32))
+
+    # weight scales give peaked but finite logits: top-1 margins well above float noise
+    mat("token_embd.weight", N_VOCAB, E, 1.0)
+    vec("output_norm.weight", E)
+    if arch != "gemma3":
+        mat("output.weight", N_VOCAB, E, 0.25)
+    for i in range(L):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", E)
+        mat(p + "attn_q.weight", H * HD, E, E ** -0.5)
+        mat(p + "attn_k.weight", KV * HD, E, E ** -0.5)
+        mat(p + "attn_v.weight", KV * HD, E, E ** -0.5)
+        mat(p + "attn_output.weight", E, H * HD, (H * HD) ** -0.5)
+        if arch == "qwen2":
+            vec(p + "attn_q.bias", H * HD, 0.0, 0.5)
+            vec(p + "attn_k.bias", KV * HD, 0.0, 0.5)
+            vec(p + "attn_v.bias", KV * HD, 0.0, 0.5)
+        if arch in ("qwen3", "gemma3"):
+            vec(p + "attn_q_norm.weight", HD)
+            vec(p + "attn_k_norm.weight", HD)
+        if arch == "gemma3":
+            vec(p + "post_attention_norm.weight", E)
+            vec(p + "post_ffw_norm.weight", E)
+        vec(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", F, E, E ** -0.5)
+        mat(p + "ffn_up.weight", F, E, E ** -0.5)
+        mat(p + "ffn_down.weight", E, F, F ** -0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def hash_seed(s):
+    h = 1469598103934665603
+    for c in s.encode():
+        h = ((h ^ c) * 1099511628211) & MASK
+    return h
+
+
+def token_sequence(n, seed=1):
+    """a deterministic prompt of n ids (avoiding the two special ids)"""
+    u = splitmix(seed, n)
+    return [int(x % np.uint64(N_VOCAB - 2)) for x in u]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--list"]:
+        print(" ".join(ARCHS))
+        sys.exit(0)
+    write(sys.argv[1], sys.argv[2], sys.argv[3])

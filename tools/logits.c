@@ -1,0 +1,130 @@
+/*
+ * terrace logits -m MODEL --tokens 1,2,3 [--out FILE] [-b N] [-t N] [--no-mmap]
+ *
+ * Evaluates a token sequence and writes the logits of every position (raw little-endian f32,
+ * [n_tokens][n_vocab]) to FILE, or prints the top-5 of each position. Used by the parity scripts
+ * to compare with llama.cpp on the same file and tokens.
+ */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static int parse_tokens(const char *s, int32_t **out, int32_t *n) {
+    size_t cap = 64, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return 0;
+    while (*s) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < 0 || x > INT32_MAX) {
+            free(v);
+            return 0;
+        }
+        if (k == cap) {
+            cap *= 2;
+            int32_t *g = realloc(v, cap * sizeof *v);
+            if (!g) {
+                free(v);
+                return 0;
+            }
+            v = g;
+        }
+        v[k++] = (int32_t)x;
+        s = end;
+        while (*s == ',' || *s == ' ' || *s == '\n') s++;
+    }
+    *out = v;
+    *n = (int32_t)k;
+    return k > 0;
+}
+
+int cmd_logits(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'}, {"tokens", required_argument, NULL, 'k'},
+        {"out", required_argument, NULL, 'o'},   {"threads", required_argument, NULL, 't'},
+        {"batch-size", required_argument, NULL, 'b'}, {"no-mmap", no_argument, NULL, 'n'},
+        {"ctx-size", required_argument, NULL, 'c'},   {NULL, 0, NULL, 0},
+    };
+    const char *model = NULL, *tokens_arg = NULL, *out_path = NULL;
+    long threads = 0, batch = 0, ctx = 0;
+    bool no_mmap = false;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:o:t:b:c:", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'k': tokens_arg = optarg; break;
+        case 'o': out_path = optarg; break;
+        case 't': if (!cli_parse_int("-t", optarg, 1, 1024, &threads)) return CLI_EXIT_USAGE; break;
+        case 'b': if (!cli_parse_int("-b", optarg, 1, 1 << 20, &batch)) return CLI_EXIT_USAGE; break;
+        case 'c': if (!cli_parse_int("-c", optarg, 1, 1 << 24, &ctx)) return CLI_EXIT_USAGE; break;
+        case 'n': no_mmap = true; break;
+        default:
+            cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (!model || !tokens_arg) {
+        cli_error("usage: terrace logits -m MODEL.gguf --tokens ID,ID,... [--out FILE] [-t N] [-b N]");
+        return CLI_EXIT_USAGE;
+    }
+    int32_t *tokens = NULL, n = 0;
+    if (!parse_tokens(tokens_arg, &tokens, &n)) {
+        cli_error("--tokens expects comma-separated token ids, got '%s'", tokens_arg);
+        return CLI_EXIT_USAGE;
+    }
+    tr_error err = {0};
+    tr_model_params mp = tr_model_default_params();
+    mp.n_threads = (int)threads;
+    mp.no_mmap = no_mmap;
+    tr_model *m = NULL;
+    tr_session *s = NULL;
+    float *logits = NULL;
+    int rc = CLI_EXIT_ERROR;
+    if (tr_model_load(model, &mp, &m, &err)) goto out;
+    tr_session_params sp = tr_session_default_params();
+    sp.n_ctx = ctx ? (int32_t)ctx : n;
+    sp.n_batch = batch ? (int32_t)batch : 512;
+    if (tr_session_create(m, &sp, &s, &err)) goto out;
+    const int32_t nv = tr_model_n_vocab(m);
+    logits = malloc((size_t)n * nv * sizeof *logits);
+    if (!logits) {
+        snprintf(err.msg, sizeof err.msg, "out of memory for %d x %d logits", n, nv);
+        goto out;
+    }
+    if (tr_session_eval(s, tokens, n, logits, true, &err)) goto out;
+    if (out_path) {
+        FILE *f = fopen(out_path, "wb");
+        if (!f || fwrite(logits, sizeof *logits, (size_t)n * nv, f) != (size_t)n * nv ||
+            fclose(f) != 0) {
+            snprintf(err.msg, sizeof err.msg, "cannot write %s", out_path);
+            goto out;
+        }
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            const float *l = logits + (size_t)i * nv;
+            int32_t best[5] = {-1, -1, -1, -1, -1};
+            for (int32_t v = 0; v < nv; v++)
+                for (int k = 0; k < 5; k++)
+                    if (best[k] < 0 || l[v] > l[best[k]]) {
+                        memmove(best + k + 1, best + k, (size_t)(4 - k) * sizeof *best);
+                        best[k] = v;
+                        break;
+                    }
+            printf("pos %4d token %6d:", i, tokens[i]);
+            for (int k = 0; k < 5; k++) printf("  %6d %9.4f", best[k], l[best[k]]);
+            putchar('\n');
+        }
+    }
+    rc = 0;
+out:
+    if (rc) cli_error("%s", err.msg);
+    free(logits);
+    free(tokens);
+    tr_session_free(s);
+    tr_model_free(m);
+    return rc;
+}
