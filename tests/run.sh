@@ -59,6 +59,13 @@ run "gguf reader (gguf writer files) [$ASAN_BUILD]" \
     $PY tests/py/test_gguf_reader.py "$ASAN_BUILD/terrace" "$ASAN_BUILD/tests/test_gguf"
 run "hostile GGUF files [$ASAN_BUILD]" $PY tests/py/test_hostile.py "$ASAN_BUILD/terrace"
 
+# --- model: sessions, batching, errors; logit parity with llama.cpp (stored references) --------
+run "gen synthetic model" $PY tests/py/synth.py qwen3 Q8_0 "$TMP/synth-qwen3.gguf"
+run "test_model [build]" build/tests/test_model "$TMP/synth-qwen3.gguf"
+run "test_model [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_model" "$TMP/synth-qwen3.gguf"
+run "logit parity vs llama.cpp, synthetic models (tests/ref/parity-synth.json)" \
+    $PY tests/py/parity.py check build/terrace tests/ref/parity-synth.json
+
 # --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \

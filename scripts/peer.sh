@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the peer we compare with: llama.cpp, built from the source distribution of PyPI's
+# llama-cpp-python into .venv-peer (never vendored, nothing fetched from elsewhere).
+#
+# Build flags: the CPU features of this machine, spelled out instead of -march=native, because a
+# native build on a CPU that advertises AMX compiles ggml's AMX kernels, and those crash here
+# (SIGSEGV in ggml_backend_amx_mul_mat: the VM does not grant the AMX tile state). Everything else
+# (AVX2, AVX-512 incl. VNNI/BF16, weight repacking, OpenMP) is as a native build has it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+if .venv-peer/bin/python3 -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$VERSION')" 2>/dev/null \
+   && [ -f .venv-peer/.terrace-peer-flags ] && [ "$(cat .venv-peer/.terrace-peer-flags)" = "v2" ]; then
+    exit 0
+fi
+flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+if grep -q avx512f /proc/cpuinfo; then
+    flags="$flags -DGGML_AVX512=ON"
+    grep -q avx512_vnni /proc/cpuinfo && flags="$flags -DGGML_AVX512_VNNI=ON"
+    grep -q avx512_bf16 /proc/cpuinfo && flags="$flags -DGGML_AVX512_BF16=ON"
+    grep -q avx512vbmi /proc/cpuinfo && flags="$flags -DGGML_AVX512_VBMI=ON"
+fi
+grep -q avx_vnni /proc/cpuinfo && flags="$flags -DGGML_AVX_VNNI=ON"
+echo "peer: building llama-cpp-python $VERSION from source ($flags); this takes several minutes"
+[ -x .venv-peer/bin/python3 ] || python3 -m venv .venv-peer
+CMAKE_ARGS="$flags" .venv-peer/bin/pip install -q --disable-pip-version-check --no-cache-dir \
+    --force-reinstall --no-binary llama-cpp-python "llama-cpp-python==$VERSION" numpy gguf
+echo v2 > .venv-peer/.terrace-peer-flags
