@@ -13,6 +13,10 @@ typedef int (*cli_command_fn)(int argc, char **argv);
 
 int cmd_inspect(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 
 /* "terrace: error: <msg>" on stderr */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -9,6 +9,10 @@ static const struct {
     cli_command_fn fn;
     const char *help;
 } k_commands[] = {
+    {"run", cmd_run, "generate text from a prompt, with a speed and memory summary"},
+    {"chat", cmd_chat, "interactive chat with the model's chat template"},
+    {"bench", cmd_bench, "prompt processing and generation speed, like llama-bench"},
+    {"perplexity", cmd_perplexity, "perplexity of a text file, llama.cpp's method"},
     {"inspect", cmd_inspect, "show a GGUF file: architecture, hyperparameters, tokenizer, tensors"},
     {"logits", cmd_logits, "evaluate token ids, dump every position's logits (for parity checks)"},
 };

@@ -1,0 +1,349 @@
+#include "common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------------- */
+/* flags: llama.cpp spellings (-m -p -f -n -c -b -t -s --temp --top-k ...)                        */
+
+enum {
+    F_MODEL, F_PROMPT, F_FILE, F_NPRED, F_CTX, F_BATCH, F_THREADS, F_SEED, F_TEMP, F_TOPK, F_TOPP,
+    F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
+    F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY,
+};
+
+typedef struct flag {
+    const char *names; /* comma-separated spellings */
+    int id;
+    bool arg;
+    const char *help;
+} flag;
+
+static const flag k_flags[] = {
+    {"-m,--model", F_MODEL, true, "FILE   GGUF model (any shard of a split model)"},
+    {"-p,--prompt", F_PROMPT, true, "TEXT   prompt (bench: prompt length in tokens)"},
+    {"-f,--file", F_FILE, true, "FILE   read the prompt (perplexity: the text) from a file"},
+    {"-n,--n-predict,--predict", F_NPRED, true,
+     "N      tokens to generate (-1: until end of generation; bench: tokens to decode)"},
+    {"-c,--ctx-size", F_CTX, true, "N      context length (default: min(training, 4096))"},
+    {"-b,--batch-size", F_BATCH, true, "N      prompt tokens computed together (default 512)"},
+    {"-t,--threads", F_THREADS, true, "N      threads (default: physical cores)"},
+    {"-s,--seed", F_SEED, true, "N      sampling seed (default: random)"},
+    {"--temp", F_TEMP, true, "T      temperature (0: greedy; default 0.8)"},
+    {"--top-k", F_TOPK, true, "K      top-k (0: off; default 40)"},
+    {"--top-p", F_TOPP, true, "P      top-p (1: off; default 0.95)"},
+    {"--min-p", F_MINP, true, "P      min-p (0: off; default 0.05)"},
+    {"--repeat-penalty", F_REPPEN, true, "R   repetition penalty (1: off; default 1.0)"},
+    {"--repeat-last-n", F_REPLAST, true, "N    tokens the penalties look back on (default 64)"},
+    {"--presence-penalty", F_PRESPEN, true, "P presence penalty (default 0)"},
+    {"--frequency-penalty", F_FREQPEN, true, "P frequency penalty (default 0)"},
+    {"--no-mmap", F_NOMMAP, false, "        read the weights into memory instead of mapping them"},
+    {"--ignore-eos", F_IGNEOS, false, "     do not stop at end-of-generation tokens"},
+    {"--no-display-prompt", F_NODISP, false, "do not echo the prompt"},
+    {"-e,--escape", F_ESCAPE, false, "    process \\n, \\t, \\\\ ... in the prompt"},
+    {"--stop,-r,--reverse-prompt", F_STOP, true, "TEXT stop when the output contains TEXT (repeatable)"},
+    {"-sys,--system-prompt", F_SYS, true, "TEXT system prompt (chat)"},
+    {"--chat-template", F_TEMPLATE, true, "NAME  chat template style: chatml, llama3, gemma, mistral"},
+    {"-v,--verbose", F_VERBOSE, false, "     print the prompt's tokens and more detail"},
+    {"--json", F_JSON, false, "        machine-readable output (bench)"},
+    {"--repetitions", F_REPS, true, "N  repetitions (bench; default 3)"},
+    {"--telemetry", F_TELEMETRY, true, "FILE JSON lines per token"},
+    {"-h,--help", F_HELP, false, "     this text"},
+};
+
+static const flag *find_flag(const char *a) {
+    for (size_t i = 0; i < sizeof k_flags / sizeof k_flags[0]; i++) {
+        const char *p = k_flags[i].names;
+        const size_t la = strlen(a);
+        while (*p) {
+            const char *e = strchr(p, ',');
+            const size_t n = e ? (size_t)(e - p) : strlen(p);
+            if (n == la && !strncmp(p, a, n)) return &k_flags[i];
+            p += n + (e ? 1 : 0);
+        }
+    }
+    return NULL;
+}
+
+void gen_print_common_flags(FILE *f) {
+    for (size_t i = 0; i < sizeof k_flags / sizeof k_flags[0]; i++)
+        fprintf(f, "  %-28s %s\n", k_flags[i].names, k_flags[i].help);
+}
+
+static bool parse_float(const char *name, const char *v, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    const double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi)) {
+        cli_error("%s expects a number in [%g, %g], got '%s'", name, lo, hi, v);
+        return false;
+    }
+    *out = (float)x;
+    return true;
+}
+
+static void unescape(char *s) {
+    char *o = s;
+    for (char *p = s; *p; p++) {
+        if (*p != '\\' || !p[1]) {
+            *o++ = *p;
+            continue;
+        }
+        switch (*++p) {
+        case 'n': *o++ = '\n'; break;
+        case 't': *o++ = '\t'; break;
+        case 'r': *o++ = '\r'; break;
+        case '\\': *o++ = '\\'; break;
+        case '"': *o++ = '"'; break;
+        case '\'': *o++ = '\''; break;
+        default: *o++ = '\\'; *o++ = *p; break;
+        }
+    }
+    *o = '\0';
+}
+
+bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage)(FILE *)) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = -1;
+    o->sampling = tr_sampler_default_params();
+    o->n_prompt_bench = 512;
+    o->n_gen_bench = 128;
+    o->reps = 3;
+    const bool bench = !strcmp(cmd, "bench");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const flag *f = find_flag(a);
+        if (!f) {
+            cli_error("%s: unknown option '%s' (see terrace %s --help)", cmd, a, cmd);
+            return false;
+        }
+        const char *v = NULL;
+        if (f->arg) {
+            if (i + 1 >= argc) {
+                cli_error("%s: option %s needs a value", cmd, a);
+                return false;
+            }
+            v = argv[++i];
+        }
+        long n;
+        switch (f->id) {
+        case F_MODEL: o->model = v; break;
+        case F_PROMPT:
+            if (bench) {
+                if (!cli_parse_int(a, v, 0, 1 << 20, &n)) return false;
+                o->n_prompt_bench = (int32_t)n;
+            } else {
+                o->prompt = v;
+            }
+            break;
+        case F_FILE: o->prompt_file = v; break;
+        case F_NPRED:
+            if (!cli_parse_int(a, v, bench ? 0 : -1, 1 << 24, &n)) return false;
+            if (bench) o->n_gen_bench = (int32_t)n;
+            else o->n_predict = (int32_t)n;
+            break;
+        case F_CTX: if (!cli_parse_int(a, v, 1, 1 << 24, &n)) return false; o->n_ctx = (int32_t)n; break;
+        case F_BATCH: if (!cli_parse_int(a, v, 1, 1 << 16, &n)) return false; o->n_batch = (int32_t)n; break;
+        case F_THREADS: if (!cli_parse_int(a, v, 1, 1024, &n)) return false; o->n_threads = (int32_t)n; break;
+        case F_SEED: {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') {
+                cli_error("%s expects a non-negative integer, got '%s'", a, v);
+                return false;
+            }
+            o->sampling.seed = s;
+            break;
+        }
+        case F_TEMP: if (!parse_float(a, v, -1e9, 1e9, &o->sampling.temp)) return false; break;
+        case F_TOPK: if (!cli_parse_int(a, v, -1, INT32_MAX, &n)) return false; o->sampling.top_k = (int32_t)n; break;
+        case F_TOPP: if (!parse_float(a, v, -1e9, 1e9, &o->sampling.top_p)) return false; break;
+        case F_MINP: if (!parse_float(a, v, -1e9, 1e9, &o->sampling.min_p)) return false; break;
+        case F_REPPEN: if (!parse_float(a, v, -1e9, 1e9, &o->sampling.repeat_penalty)) return false; break;
+        case F_REPLAST: if (!cli_parse_int(a, v, -1, 1 << 24, &n)) return false; o->sampling.repeat_last_n = (int32_t)n; break;
+        case F_PRESPEN: if (!parse_float(a, v, -1e9, 1e9, &o->sampling.presence_penalty)) return false; break;
+        case F_FREQPEN: if (!parse_float(a, v, -1e9, 1e9, &o->sampling.frequency_penalty)) return false; break;
+        case F_NOMMAP: o->no_mmap = true; break;
+        case F_IGNEOS: o->ignore_eos = true; break;
+        case F_NODISP: o->no_display_prompt = true; break;
+        case F_ESCAPE: o->escape = true; break;
+        case F_STOP:
+            if (bench) { /* llama-bench's -r is the repetition count */
+                if (!cli_parse_int(a, v, 1, 1000, &n)) return false;
+                o->reps = (int32_t)n;
+                break;
+            }
+            if (o->n_stop == (int)(sizeof o->stop / sizeof o->stop[0])) {
+                cli_error("at most %d stop strings", o->n_stop);
+                return false;
+            }
+            if (!*v) {
+                cli_error("%s: empty stop string", a);
+                return false;
+            }
+            o->stop[o->n_stop++] = v;
+            break;
+        case F_SYS: o->system = v; break;
+        case F_TEMPLATE: o->chat_template = v; break;
+        case F_VERBOSE: o->verbose = true; break;
+        case F_JSON: o->json = true; break;
+        case F_REPS: if (!cli_parse_int(a, v, 1, 1000, &n)) return false; o->reps = (int32_t)n; break;
+        case F_TELEMETRY: o->telemetry = v; break;
+        case F_HELP: usage(stdout); exit(0);
+        }
+    }
+    if (!o->model) {
+        cli_error("%s: no model given (-m FILE.gguf)", cmd);
+        usage(stderr);
+        return false;
+    }
+    if (o->prompt && o->escape) {
+        char *copy = strdup(o->prompt);
+        if (!copy) return false;
+        unescape(copy);
+        o->prompt = copy; /* lives until exit */
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+double peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
+double current_rss_mib(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    long pages = 0, rss = 0;
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+    fclose(f);
+    return (double)rss * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0);
+}
+
+void progress_bar(const char *what, uint64_t done, uint64_t total) {
+    static double last;
+    if (!isatty(2) || total == 0) return;
+    const double t = now_ms();
+    if (done < total && t - last < 100) return; /* ~10 updates a second */
+    last = t;
+    const int width = 30, fill = (int)((double)width * (double)done / (double)total);
+    fprintf(stderr, "\r%-10s [", what);
+    for (int i = 0; i < width; i++) fputc(i < fill ? '#' : '.', stderr);
+    fprintf(stderr, "] %5.1f%%", 100.0 * (double)done / (double)total);
+    if (done >= total) fputs("\r\033[K", stderr); /* clear the bar when done */
+    fflush(stderr);
+}
+
+static void load_progress(void *user, const char *what, uint64_t done, uint64_t total) {
+    (void)user;
+    progress_bar(what, done, total);
+}
+
+bool load_model(const gen_opts *o, loaded *out) {
+    memset(out, 0, sizeof *out);
+    tr_error err = {0};
+    tr_model_params mp = tr_model_default_params();
+    mp.n_threads = o->n_threads;
+    mp.no_mmap = o->no_mmap;
+    mp.progress = load_progress;
+    const double t0 = now_ms();
+    if (tr_model_load(o->model, &mp, &out->model, &err)) {
+        cli_error("%s", err.msg);
+        return false;
+    }
+    if (tr_tokenizer_load(tr_model_gguf(out->model), &out->tok, &err)) {
+        cli_error("%s: tokenizer: %s", o->model, err.msg);
+        tr_model_free(out->model);
+        out->model = NULL;
+        return false;
+    }
+    out->load_ms = now_ms() - t0;
+    return true;
+}
+
+void unload_model(loaded *l) {
+    tr_tokenizer_free(l->tok);
+    tr_model_free(l->model);
+    memset(l, 0, sizeof *l);
+}
+
+int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
+                        bool parse_special, size_t *n) {
+    tr_error err = {0};
+    size_t cap = len + 8;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) {
+        cli_error("out of memory tokenizing %zu bytes", len);
+        return NULL;
+    }
+    tr_status s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, &err);
+    if (s == TR_E_ARG && *n > cap) {
+        cap = *n;
+        int32_t *g = realloc(ids, cap * sizeof *ids);
+        if (!g) {
+            free(ids);
+            cli_error("out of memory tokenizing %zu bytes", len);
+            return NULL;
+        }
+        ids = g;
+        s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, &err);
+    }
+    if (s) {
+        free(ids);
+        cli_error("tokenizing: %s", err.msg);
+        return NULL;
+    }
+    return ids;
+}
+
+char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        cli_error("cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        const size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        cap *= 2;
+        char *g = realloc(buf, cap + 1);
+        if (!g) {
+            free(buf);
+            buf = NULL;
+        }
+        buf = g;
+    }
+    const bool bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        cli_error("cannot read %s", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+int piece_of(const tr_tokenizer *t, int32_t id, char *buf, size_t cap) {
+    const int n = tr_token_to_piece(t, id, buf, cap, false);
+    return n < 0 ? 0 : n;
+}

@@ -1,0 +1,64 @@
+/*
+ * What run, chat, bench and perplexity share: llama.cpp-style flags, loading a model with its
+ * tokenizer (with a progress bar on a terminal), timing and memory figures.
+ */
+#ifndef TR_TOOLS_COMMON_H
+#define TR_TOOLS_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cli.h"
+#include "text/sample.h"
+#include "text/tokenizer.h"
+
+typedef struct gen_opts {
+    const char *model;
+    const char *prompt;       /* -p */
+    const char *prompt_file;  /* -f */
+    const char *system;       /* -sys (chat) */
+    const char *chat_template;
+    int32_t n_predict;        /* -n; -1 = until end of generation or context */
+    int32_t n_ctx, n_batch, n_threads;
+    bool no_mmap, ignore_eos, no_display_prompt, escape, verbose;
+    tr_sampler_params sampling;
+    const char *stop[16];
+    int n_stop;
+    /* bench / perplexity */
+    int32_t n_prompt_bench, n_gen_bench, reps;
+    bool json;
+    const char *telemetry; /* reserved for later issues */
+} gen_opts;
+
+/* parses argv into o (defaults first); on a bad flag prints why and returns false */
+bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage)(FILE *));
+/* the flag list shared by the commands, for their --help */
+void gen_print_common_flags(FILE *f);
+
+typedef struct loaded {
+    tr_model *model;
+    tr_tokenizer *tok;
+    double load_ms;
+} loaded;
+
+/* loads model + tokenizer; prints the error itself and returns false on failure */
+bool load_model(const gen_opts *o, loaded *out);
+void unload_model(loaded *l);
+
+/* tokenizes text into a malloc'd array; prints the error and returns NULL on failure */
+int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
+                        bool parse_special, size_t *n);
+/* reads a whole file into a malloc'd NUL-terminated buffer; prints why not and returns NULL */
+char *read_file(const char *path, size_t *len);
+
+double now_ms(void);
+double peak_rss_mib(void);
+double current_rss_mib(void);
+
+/* progress bar on stderr when it is a terminal (done <= total); `final` ends the line */
+void progress_bar(const char *what, uint64_t done, uint64_t total);
+
+/* writes one token's text to stdout (through the stop-string filter of the caller) */
+int piece_of(const tr_tokenizer *t, int32_t id, char *buf, size_t cap);
+
+#endif

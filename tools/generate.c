@@ -1,0 +1,142 @@
+/*
+ * The generation loop shared by `run` and `chat`: prefill a prompt (with a progress bar when it
+ * is long), then sample, stream and evaluate token by token until the end of generation, a stop
+ * string, the token limit or the end of the context. Text is streamed as it comes, except what
+ * could still turn out to be the start of a stop string.
+ */
+#include "generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void out_append(gen_state *g, const char *s, size_t n) {
+    if (g->len + n + 1 > g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 4096;
+        while (cap < g->len + n + 1) cap *= 2;
+        char *b = realloc(g->text, cap);
+        if (!b) return; /* output is best effort; generation goes on */
+        g->text = b;
+        g->cap = cap;
+    }
+    memcpy(g->text + g->len, s, n);
+    g->len += n;
+    g->text[g->len] = '\0';
+}
+
+/* length of the longest suffix of text[0..len) that is a proper prefix of `stop` */
+static size_t partial_stop(const char *text, size_t len, const char *stop) {
+    const size_t sl = strlen(stop);
+    for (size_t k = sl - 1; k > 0; k--)
+        if (k <= len && !memcmp(text + len - k, stop, k)) return k;
+    return 0;
+}
+
+/* prints what is safe to print; returns true if a stop string was found */
+static bool flush_text(gen_state *g, const gen_opts *o, bool final) {
+    size_t end = g->len;
+    bool stopped = false;
+    for (int i = 0; i < o->n_stop; i++) {
+        const size_t sl = strlen(o->stop[i]);
+        const size_t from = g->printed > sl ? g->printed - sl : 0;
+        const char *hit = g->len > from ? strstr(g->text + from, o->stop[i]) : NULL;
+        if (hit && (size_t)(hit - g->text) < end) {
+            end = (size_t)(hit - g->text);
+            stopped = true;
+        }
+    }
+    if (!stopped && !final) {
+        size_t hold = 0;
+        for (int i = 0; i < o->n_stop; i++) {
+            const size_t k = partial_stop(g->text, g->len, o->stop[i]);
+            if (k > hold) hold = k;
+        }
+        end = g->len - hold;
+    }
+    if (end > g->printed) {
+        if (g->sink) g->sink(g->sink_user, g->text + g->printed, end - g->printed);
+        g->printed = end;
+    }
+    return stopped;
+}
+
+static void prefill_progress(const gen_state *g, int32_t done, int32_t total) {
+    if (total >= 256) progress_bar("prefill", (uint64_t)done, (uint64_t)total);
+    (void)g;
+}
+
+bool gen_prefill(gen_state *g, tr_session *s, const int32_t *toks, size_t n, float *logits) {
+    tr_error err = {0};
+    const int32_t chunk = 256;
+    const double t0 = now_ms();
+    for (size_t done = 0; done < n;) {
+        const int32_t k = n - done < (size_t)chunk ? (int32_t)(n - done) : chunk;
+        const bool last = done + (size_t)k == n;
+        if (tr_session_eval(s, toks + done, k, last ? logits : NULL, false, &err)) {
+            cli_error("%s", err.msg);
+            return false;
+        }
+        done += (size_t)k;
+        prefill_progress(g, (int32_t)done, (int32_t)n);
+    }
+    g->prefill_ms += now_ms() - t0;
+    g->n_prompt += (int32_t)n;
+    return true;
+}
+
+bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, tr_sampler *smp,
+             float *logits) {
+    tr_error err = {0};
+    char piece[512];
+    const double t_start = now_ms();
+    g->stopped_by = "limit";
+    for (int32_t i = 0; o->n_predict < 0 || i < o->n_predict; i++) {
+        const int32_t tok = tr_sampler_sample(smp, logits);
+        if (g->n_gen == 0) g->ttft_ms = g->prefill_ms + (now_ms() - t_start);
+        if (!o->ignore_eos && tr_token_is_eog(ld->tok, tok)) {
+            g->stopped_by = "end of generation";
+            break;
+        }
+        tr_sampler_accept(smp, tok);
+        g->n_gen++;
+        g->last_token = tok;
+        const int n = piece_of(ld->tok, tok, piece, sizeof piece);
+        out_append(g, piece, (size_t)n);
+        if (flush_text(g, o, false)) {
+            g->stopped_by = "stop string";
+            break;
+        }
+        if (o->n_predict >= 0 && i + 1 >= o->n_predict) break;
+        if (tr_session_n_past(s) >= tr_session_n_ctx(s)) {
+            g->stopped_by = "context full";
+            break;
+        }
+        const double t0 = now_ms();
+        if (tr_session_eval(s, &tok, 1, logits, false, &err)) {
+            cli_error("%s", err.msg);
+            return false;
+        }
+        g->decode_ms += now_ms() - t0;
+        g->n_decoded++;
+    }
+    flush_text(g, o, true);
+    return true;
+}
+
+void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
+    char b1[32];
+    fprintf(stderr, "\n");
+    fprintf(stderr, "terrace: model        %s, %s of weights, %d layers, kernels %s, %d threads\n",
+            tr_model_arch(ld->model), cli_bytes(tr_model_weight_bytes(ld->model), b1, sizeof b1),
+            tr_model_n_layer(ld->model), tr_cpu_isa(), tr_pool_size(tr_model_pool(ld->model)));
+    fprintf(stderr, "terrace: load time    %10.1f ms\n", ld->load_ms);
+    fprintf(stderr, "terrace: prompt       %10d tokens  %10.1f ms  %8.2f tok/s (prefill)\n",
+            g->n_prompt, g->prefill_ms, g->prefill_ms > 0 ? 1e3 * g->n_prompt / g->prefill_ms : 0.0);
+    fprintf(stderr, "terrace: TTFT         %10.1f ms\n", g->ttft_ms);
+    fprintf(stderr, "terrace: generated    %10d tokens  %10.1f ms  %8.2f tok/s (decode), stopped by %s\n",
+            g->n_gen, g->decode_ms, g->decode_ms > 0 ? 1e3 * g->n_decoded / g->decode_ms : 0.0,
+            g->stopped_by);
+    fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
+                    "context %d/%d\n",
+            peak_rss_mib(), (double)tr_session_bytes(s) / (1024.0 * 1024.0), tr_session_n_past(s),
+            tr_session_n_ctx(s));
+}

@@ -1,0 +1,25 @@
+#ifndef TR_TOOLS_GENERATE_H
+#define TR_TOOLS_GENERATE_H
+
+#include "common.h"
+
+typedef struct gen_state {
+    /* generated text and how much of it was handed to the sink */
+    char *text;
+    size_t len, cap, printed;
+    void (*sink)(void *user, const char *s, size_t n);
+    void *sink_user;
+    /* figures for the summary */
+    int32_t n_prompt, n_gen, n_decoded, last_token;
+    double prefill_ms, ttft_ms, decode_ms;
+    const char *stopped_by;
+} gen_state;
+
+/* evaluates a prompt in chunks (progress bar when long); logits of its last token into logits */
+bool gen_prefill(gen_state *g, tr_session *s, const int32_t *toks, size_t n, float *logits);
+/* samples from `logits` on, streaming text to g->sink, until a stop condition */
+bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, tr_sampler *smp,
+             float *logits);
+void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s);
+
+#endif

@@ -1,0 +1,101 @@
+/*
+ * terrace run -m MODEL -p PROMPT [-n N] ...  — prompt in, streamed text out, then a summary of
+ * load time, TTFT, prefill and decode speed, and peak memory (on stderr, so stdout is only the
+ * text).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate.h"
+
+static void run_usage(FILE *f) {
+    fprintf(f, "usage: terrace run -m MODEL.gguf (-p PROMPT | -f FILE) [options]\n\n"
+               "Generates a continuation of the prompt (no chat template: see `terrace chat`).\n\n");
+    gen_print_common_flags(f);
+}
+
+static void to_stdout(void *user, const char *s, size_t n) {
+    (void)user;
+    fwrite(s, 1, n, stdout);
+    fflush(stdout);
+}
+
+int cmd_run(int argc, char **argv) {
+    gen_opts o;
+    if (!gen_parse(argc, argv, &o, "run", run_usage)) return CLI_EXIT_USAGE;
+    char *file_text = NULL;
+    size_t plen = 0;
+    const char *prompt = o.prompt;
+    if (o.prompt_file) {
+        if (o.prompt) {
+            cli_error("run: give the prompt with -p or -f, not both");
+            return CLI_EXIT_USAGE;
+        }
+        if (!(file_text = read_file(o.prompt_file, &plen))) return CLI_EXIT_ERROR;
+        prompt = file_text;
+    }
+    if (!prompt) {
+        cli_error("run: no prompt (-p TEXT or -f FILE)");
+        return CLI_EXIT_USAGE;
+    }
+    if (!o.prompt_file) plen = strlen(prompt);
+
+    int rc = CLI_EXIT_ERROR;
+    loaded ld;
+    tr_session *s = NULL;
+    tr_sampler *smp = NULL;
+    float *logits = NULL;
+    int32_t *toks = NULL;
+    gen_state g = {.sink = to_stdout};
+    tr_error err = {0};
+    if (!load_model(&o, &ld)) goto out;
+    size_t n_tok = 0;
+    if (!(toks = tokenize_alloc(ld.tok, prompt, plen, true, true, &n_tok))) goto out;
+    if (n_tok == 0) {
+        cli_error("run: the prompt is empty after tokenization");
+        goto out;
+    }
+    tr_session_params sp = tr_session_default_params();
+    sp.n_ctx = o.n_ctx;
+    sp.n_batch = o.n_batch;
+    if (tr_session_create(ld.model, &sp, &s, &err)) {
+        cli_error("%s", err.msg);
+        goto out;
+    }
+    if ((int64_t)n_tok >= tr_session_n_ctx(s)) {
+        cli_error("the prompt is %zu tokens but the context holds %d (raise -c, up to the model's "
+                  "%d)", n_tok, tr_session_n_ctx(s), tr_model_n_ctx_train(ld.model));
+        goto out;
+    }
+    if (o.sampling.repeat_last_n < 0) o.sampling.repeat_last_n = tr_session_n_ctx(s);
+    if (tr_sampler_create(&o.sampling, tr_model_n_vocab(ld.model), &smp, &err)) {
+        cli_error("%s", err.msg);
+        goto out;
+    }
+    if (o.verbose) {
+        fprintf(stderr, "terrace: prompt tokens (%zu):", n_tok);
+        for (size_t i = 0; i < n_tok; i++) fprintf(stderr, " %d", toks[i]);
+        fputc('\n', stderr);
+    }
+    if (!(logits = malloc(sizeof(float) * (size_t)tr_model_n_vocab(ld.model)))) {
+        cli_error("out of memory");
+        goto out;
+    }
+    if (!o.no_display_prompt) to_stdout(NULL, prompt, plen);
+    for (size_t i = 0; i < n_tok; i++) tr_sampler_accept(smp, toks[i]);
+    if (!gen_prefill(&g, s, toks, n_tok, logits)) goto out;
+    if (!gen_run(&g, &o, &ld, s, smp, logits)) goto out;
+    fputc('\n', stdout);
+    fflush(stdout);
+    gen_summary(&g, &ld, s);
+    rc = 0;
+out:
+    free(g.text);
+    free(logits);
+    free(toks);
+    free(file_text);
+    tr_sampler_free(smp);
+    tr_session_free(s);
+    if (ld.model) unload_model(&ld);
+    return rc;
+}
