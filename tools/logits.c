@@ -1,9 +1,11 @@
 /*
- * terrace logits -m MODEL --tokens 1,2,3 [--out FILE] [-b N] [-t N] [--no-mmap]
+ * terrace logits -m MODEL --tokens 1,2,3 [--out FILE] [-b N] [-t N] [--no-mmap] [--greedy N]
  *
  * Evaluates a token sequence and writes the logits of every position (raw little-endian f32,
- * [n_tokens][n_vocab]) to FILE, or prints the top-5 of each position. Used by the parity scripts
- * to compare with llama.cpp on the same file and tokens.
+ * [n_tokens][n_vocab]) to FILE, or prints the top-5 of each position. With --greedy N it instead
+ * continues the sequence greedily for N tokens and prints {"tokens": [...], "margins": [...]}
+ * (top-1 minus top-2 logit at each step). Used by the parity scripts to compare with llama.cpp on
+ * the same file and tokens.
  */
 #include <getopt.h>
 #include <stdlib.h>
@@ -45,10 +47,11 @@ int cmd_logits(int argc, char **argv) {
         {"model", required_argument, NULL, 'm'}, {"tokens", required_argument, NULL, 'k'},
         {"out", required_argument, NULL, 'o'},   {"threads", required_argument, NULL, 't'},
         {"batch-size", required_argument, NULL, 'b'}, {"no-mmap", no_argument, NULL, 'n'},
-        {"ctx-size", required_argument, NULL, 'c'},   {NULL, 0, NULL, 0},
+        {"ctx-size", required_argument, NULL, 'c'},   {"greedy", required_argument, NULL, 'g'},
+        {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *tokens_arg = NULL, *out_path = NULL;
-    long threads = 0, batch = 0, ctx = 0;
+    long threads = 0, batch = 0, ctx = 0, greedy = -1;
     bool no_mmap = false;
     int c;
     optind = 1;
@@ -62,6 +65,7 @@ int cmd_logits(int argc, char **argv) {
         case 'b': if (!cli_parse_int("-b", optarg, 1, 1 << 20, &batch)) return CLI_EXIT_USAGE; break;
         case 'c': if (!cli_parse_int("-c", optarg, 1, 1 << 24, &ctx)) return CLI_EXIT_USAGE; break;
         case 'n': no_mmap = true; break;
+        case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
         default:
             cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);
             return CLI_EXIT_USAGE;
@@ -86,13 +90,38 @@ int cmd_logits(int argc, char **argv) {
     int rc = CLI_EXIT_ERROR;
     if (tr_model_load(model, &mp, &m, &err)) goto out;
     tr_session_params sp = tr_session_default_params();
-    sp.n_ctx = ctx ? (int32_t)ctx : n;
+    sp.n_ctx = ctx ? (int32_t)ctx : n + (greedy > 0 ? (int32_t)greedy : 0);
     sp.n_batch = batch ? (int32_t)batch : 512;
     if (tr_session_create(m, &sp, &s, &err)) goto out;
     const int32_t nv = tr_model_n_vocab(m);
     logits = malloc((size_t)n * nv * sizeof *logits);
     if (!logits) {
         snprintf(err.msg, sizeof err.msg, "out of memory for %d x %d logits", n, nv);
+        goto out;
+    }
+    if (greedy >= 0) {
+        if (tr_session_eval(s, tokens, n, logits, false, &err)) goto out;
+        printf("{\"tokens\": [");
+        char margins[64 * 1024] = "";
+        size_t mo = 0;
+        for (long i = 0; i < greedy; i++) {
+            int32_t best = 0, second = -1;
+            for (int32_t v = 1; v < nv; v++) {
+                if (logits[v] > logits[best]) {
+                    second = best;
+                    best = v;
+                } else if (second < 0 || logits[v] > logits[second]) {
+                    second = v;
+                }
+            }
+            printf("%s%d", i ? ", " : "", best);
+            if (mo < sizeof margins - 32)
+                mo += (size_t)snprintf(margins + mo, sizeof margins - mo, "%s%.5f", i ? ", " : "",
+                                       logits[best] - logits[second]);
+            if (i + 1 < greedy && tr_session_eval(s, &best, 1, logits, false, &err)) goto out;
+        }
+        printf("], \"margins\": [%s]}\n", margins);
+        rc = 0;
         goto out;
     }
     if (tr_session_eval(s, tokens, n, logits, true, &err)) goto out;

@@ -50,7 +50,7 @@ def cmd_quantize(args):
 def cmd_greedy(args):
     model, toks, n = args[0], [int(x) for x in args[1].split(",")], int(args[2])
     threads = int(args[args.index("--threads") + 1]) if "--threads" in args else 2
-    llm = load(model, len(toks) + n + 8, threads, 512, logits_all=False)
+    llm = load(model, len(toks) + n + 8, threads, 512, logits_all=True)
     llm.eval(toks)
     out, margins = [], []
     for _ in range(n):
