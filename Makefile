@@ -36,7 +36,7 @@ FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512b
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 \
+.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench \
         format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
 
 all: $(BUILD)/terrace
@@ -73,6 +73,19 @@ test: deps
 
 demo: deps all
 	@bash scripts/demo.sh
+
+# llama.cpp, the peer (PyPI llama-cpp-python built from source into .venv-peer)
+peer:
+	@bash scripts/peer.sh
+
+# re-record llama.cpp's reference outputs and compare live (make test compares the stored ones)
+parity: deps all peer
+	$(PY) tests/py/parity.py record build/terrace tests/ref/parity-synth.json
+	$(PY) tests/py/parity_real.py record build/terrace tests/ref/parity-real.json smollm2 gemma3
+
+# terrace vs llama.cpp speed, same files and prompts, one run (results: bench/results/dense.md)
+bench: deps all peer
+	@bash bench/bench_dense.sh
 
 # every source file must compile for aarch64 with the generic kernels (no x86 intrinsics leak)
 cross-aarch64:

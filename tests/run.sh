@@ -66,6 +66,8 @@ run "test_model [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_model" "$TMP/synth-qwen3.
 run "logit parity vs llama.cpp, synthetic models (tests/ref/parity-synth.json)" \
     $PY tests/py/parity.py check build/terrace tests/ref/parity-synth.json
 
+run "CLI bad input (models, flags) [$ASAN_BUILD]" $PY tests/py/test_cli_errors.py "$ASAN_BUILD/terrace"
+
 # --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \

@@ -100,8 +100,14 @@ int cmd_chat(int argc, char **argv) {
         tmpl_c = strndup(tmpl.ptr, (size_t)tmpl.len);
         if (!tmpl_c) goto out;
     }
+    /* files without a template: Gemma's converters often drop it, and its format is fixed */
+    const char *override = o.chat_template;
+    if (!tmpl_c && !override && !strcmp(tr_model_arch(ld.model), "gemma3")) {
+        override = "gemma";
+        fprintf(stderr, "terrace: no chat template in the file; using gemma for a gemma3 model\n");
+    }
     tr_chat_style style;
-    const tr_status ds = tr_chat_detect(tmpl_c, o.chat_template, &style, &err);
+    const tr_status ds = tr_chat_detect(tmpl_c, override, &style, &err);
     free(tmpl_c);
     if (ds) {
         cli_error("%s", err.msg);

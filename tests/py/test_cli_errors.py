@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Bad input to the model commands: each case must exit non-zero with a message that names the
+problem (and, where it helps, the fix), without a crash — run against the ASan/UBSan build.
+
+usage: test_cli_errors.py TERRACE
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import gguf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import synth  # noqa: E402
+
+TERRACE = sys.argv[1]
+failures = 0
+
+
+def check(cond, msg):
+    global failures
+    if not cond:
+        failures += 1
+        print(f"FAIL: {msg}", file=sys.stderr)
+
+
+def variant(path, drop=None, reshape=None, arch=None, drop_key=None):
+    """a synthetic qwen2 model with one thing broken"""
+    orig_add_tensor = gguf.GGUFWriter.add_tensor
+    orig_add_kv = gguf.GGUFWriter.add_key_value
+    orig_init = gguf.GGUFWriter.__init__
+
+    def add_tensor(self, name, data, raw_dtype=None, **kw):
+        if name == drop:
+            return None
+        if name == reshape:
+            data = data[:-1] if data.ndim == 2 else data
+        return orig_add_tensor(self, name, data, raw_dtype=raw_dtype, **kw)
+
+    def add_key_value(self, key, val, vtype, *a, **kw):
+        if drop_key and key == drop_key:
+            return None
+        return orig_add_kv(self, key, val, vtype, *a, **kw)
+
+    def init(self, p, a, *rest, **kw):
+        orig_init(self, p, arch or a, *rest, **kw)
+
+    gguf.GGUFWriter.add_tensor, gguf.GGUFWriter.add_key_value = add_tensor, add_key_value
+    gguf.GGUFWriter.__init__ = init
+    try:
+        synth.write("qwen2", "F32", path)
+    finally:
+        gguf.GGUFWriter.add_tensor, gguf.GGUFWriter.add_key_value = orig_add_tensor, orig_add_kv
+        gguf.GGUFWriter.__init__ = orig_init
+
+
+def run(args, stdin=None):
+    env = dict(os.environ, ASAN_OPTIONS="exitcode=86", UBSAN_OPTIONS="exitcode=87")
+    r = subprocess.run([TERRACE, *args], capture_output=True, text=True, env=env, input=stdin,
+                       timeout=120, errors="replace")
+    return r.returncode, r.stdout, r.stderr
+
+
+def expect(name, args, rc, words, stdin=None):
+    got_rc, out, err = run(args, stdin)
+    missing = [w for w in words if w.lower() not in err.lower()]
+    sanitizer = "Sanitizer" in err or "runtime error" in err
+    check(got_rc == rc and not missing and not sanitizer,
+          f"{name}: rc {got_rc} (want {rc}), missing {missing}: {err.strip()[:400]}")
+    print(f"  {name:28s} rc={got_rc}  {err.strip().splitlines()[-1][:140] if err.strip() else ''}")
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="terrace-cli-") as tmp:
+        good = os.path.join(tmp, "good.gguf")
+        synth.write("qwen2", "F32", good)
+        p = lambda n: os.path.join(tmp, n)  # noqa: E731
+        variant(p("no-attn-k.gguf"), drop="blk.1.attn_k.weight")
+        variant(p("bad-shape.gguf"), reshape="blk.0.ffn_up.weight")
+        variant(p("unknown-arch.gguf"), arch="mamba9")
+        variant(p("no-heads.gguf"), drop_key="qwen2.attention.head_count")
+        expect("missing tensor", ["run", "-m", p("no-attn-k.gguf"), "-p", "hi"], 1,
+               ["missing tensor", "blk.1.attn_k.weight"])
+        expect("wrong shape", ["run", "-m", p("bad-shape.gguf"), "-p", "hi"], 1,
+               ["blk.0.ffn_up.weight", "shape", "expected"])
+        expect("unknown architecture", ["run", "-m", p("unknown-arch.gguf"), "-p", "hi"], 1,
+               ["mamba9", "not supported", "llama", "qwen2", "qwen3", "gemma3"])
+        expect("missing hyperparameter", ["run", "-m", p("no-heads.gguf"), "-p", "hi"], 1,
+               ["qwen2.attention.head_count"])
+        expect("prompt longer than context", ["run", "-m", good, "-c", "8", "-p",
+                                              "a b c d e f g h i j k l m n o p q r s t"], 1,
+               ["prompt", "context", "-c"])
+        expect("missing model file", ["run", "-m", p("nope.gguf"), "-p", "hi"], 1,
+               ["nope.gguf", "cannot open"])
+        expect("not a GGUF", ["run", "-m", __file__, "-p", "hi"], 1, ["not a GGUF file"])
+        expect("unknown flag", ["run", "-m", good, "--frobnicate"], 2, ["unknown option", "--frobnicate"])
+        expect("flag without value", ["run", "-m", good, "-p"], 2, ["needs a value"])
+        expect("bad number", ["run", "-m", good, "-p", "x", "-n", "lots"], 2, ["-n", "lots"])
+        expect("bad top-p", ["run", "-m", good, "-p", "x", "--top-p", "1.5"], 1, ["--top-p"])
+        expect("bad thread count", ["run", "-m", good, "-p", "x", "-t", "0"], 2, ["-t"])
+        expect("no model", ["run", "-p", "x"], 2, ["no model"])
+        expect("no prompt", ["run", "-m", good], 2, ["no prompt"])
+        expect("unknown command", ["frobnicate"], 2, ["unknown command"])
+        expect("chat: no template", ["chat", "-m", good, "-p", "hi"], 1, ["--chat-template"])
+        expect("chat: bad template name", ["chat", "-m", good, "-p", "hi", "--chat-template",
+                                           "nonesuch"], 1, ["--chat-template"])
+        expect("perplexity: text too short", ["perplexity", "-m", good, "-p", "short text",
+                                              "-c", "64"], 1, ["tokens", "2 * c"])
+        expect("bench: context too big", ["bench", "-m", good, "-p", "99999999"], 2, ["-p"])
+        # and the good model works end to end through every command
+        rc, out, err = run(["run", "-m", good, "-p", "hello", "-n", "4", "--temp", "0"])
+        check(rc == 0 and "tok/s" in err, f"run on the good model: rc {rc} {err[-300:]}")
+        rc, out, err = run(["chat", "-m", good, "-p", "hello", "-n", "4", "--chat-template",
+                            "chatml"], stdin="")
+        check(rc == 0, f"chat on the good model: rc {rc} {err[-300:]}")
+        rc, out, err = run(["bench", "-m", good, "-p", "16", "-n", "4", "-r", "1", "--json"])
+        check(rc == 0 and '"test": "pp16"' in out, f"bench: rc {rc} {out} {err[-300:]}")
+    print("test_cli_errors: " + ("all checks passed" if not failures else f"{failures} FAILED"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
