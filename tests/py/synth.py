@@ -66,10 +66,38 @@ def byte_tokens():
     return [chr(c) for c in cs]
 
 
+# a ~1.1B-parameter llama-shaped model for speed benchmarks (bench/bench_dense.sh)
+BIG = {"llama-1b": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
+                        n_vocab=32000)}
+
+
+class FastRng:
+    """numpy's generator: fast, for benchmark models whose exact bytes do not matter"""
+
+    def __init__(self, seed):
+        self.g = np.random.default_rng(seed)
+
+    def normal(self, shape, std=1.0):
+        return self.g.standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+
 def write(arch, qtype, path):
-    cfg = ARCHS[arch]
+    global N_VOCAB
+    big = arch in BIG
+    cfg = BIG[arch] if big else ARCHS[arch]
+    saved_vocab = N_VOCAB
+    if big:
+        N_VOCAB = cfg["n_vocab"]
+        arch = "llama"
+    try:
+        _write(arch, cfg, qtype, path, FastRng(1) if big else None)
+    finally:
+        N_VOCAB = saved_vocab
+
+
+def _write(arch, cfg, qtype, path, fast_rng):
     E, L, H, KV, HD, F = (cfg[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_ff"))
-    rng = Rng(hash_seed(arch))
+    rng = fast_rng or Rng(hash_seed(arch))
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"terrace synthetic {arch} {qtype}")
     w.add_context_length(CTX)
@@ -152,6 +180,7 @@ def head_scale():
     Q8 rounding of activations add on any two implementations (see tests/py/parity.py)."""
     rank = np.arange(N_VOCAB, dtype=np.float64)
     perm = splitmix(99, N_VOCAB).argsort()  # hot tokens spread over the vocabulary
+    rank = rank[:N_VOCAB]
     scale = np.empty(N_VOCAB)
     scale[perm] = 1.0 + 4.0 / (1.0 + rank / 8.0)
     return scale.astype(np.float32)
