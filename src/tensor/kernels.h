@@ -15,11 +15,27 @@
 typedef void (*tr_vec_dot_nc_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
                                  const void *restrict w, const void *restrict a, size_t a_stride);
 
+/* Activation side table, for the weight types whose activations are Q8_0 or Q8_1: per activation
+ * row of nb blocks, the nb block scales d as f32 and nb second values: for Q8_0 the sum of the
+ * block's codes (exact as f32), for Q8_1 its stored s. tr_matmul builds it once per call
+ * (act_side, per block range), so the dot products neither convert the same activation scales
+ * again for every weight row nor need the sign trick for codes with an offset. */
+typedef void (*tr_act_side_fn)(const void *restrict aq, int64_t nb, float *restrict d,
+                               float *restrict second);
+/* vec_dot_nc taking the side table of each activation row: side + j * side_stride floats holds
+ * row j's nb scales followed by its nb second values */
+typedef void (*tr_vec_dot_side_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
+                                   const void *restrict w, const void *restrict a, size_t a_stride,
+                                   const float *restrict side, size_t side_stride);
+
 typedef struct tr_kernels {
     const char *isa; /* "scalar", "avx2", "avx512" */
     tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
     tr_vec_dot_nc_fn vec_dot_nc[TR_TYPE_COUNT];
     tr_from_float_fn from_float[TR_TYPE_COUNT]; /* activation formats only */
+    /* optional (NULL: unused); a family that sets vec_dot_side[t] sets act_side[vec_dot_type] */
+    tr_vec_dot_side_fn vec_dot_side[TR_TYPE_COUNT];
+    tr_act_side_fn act_side[TR_TYPE_COUNT]; /* activation formats Q8_0, Q8_1 */
 } tr_kernels;
 
 /* the best family this CPU runs (lowered by TERRACE_ISA); initialised once, thread-safe */

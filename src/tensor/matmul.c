@@ -1,8 +1,18 @@
 #include "tensor/matmul.h"
 
+/* floats of activation side table per row (kernels.h, tr_act_side_fn) */
+static size_t side_floats(tr_type vt, int64_t K) {
+    return vt == TR_TYPE_Q8_0 || vt == TR_TYPE_Q8_1 ? 2 * (size_t)(K / TR_QK32) : 0;
+}
+
+/* quantized rows, then (64-byte aligned) the side tables */
+static size_t xq_bytes(tr_type vt, int64_t K, int64_t M) {
+    return (tr_type_row_bytes(vt, K) * (size_t)M + 63) & ~(size_t)63;
+}
+
 size_t tr_matmul_scratch_size(tr_type t, int64_t K, int64_t M) {
     const tr_type vt = tr_traits(t)->vec_dot_type;
-    return tr_type_row_bytes(vt, K) * (size_t)M + 64;
+    return xq_bytes(vt, K, M) + side_floats(vt, K) * sizeof(float) * (size_t)M + 64;
 }
 
 typedef struct mm_job {
@@ -14,6 +24,8 @@ typedef struct mm_job {
     char *xq;         /* quantized activations, M rows of xq_row bytes */
     size_t xq_row;
     tr_type vt;
+    float *side; /* activation side tables, M rows of side_row floats; NULL: not used */
+    size_t side_row;
     atomic_int_fast64_t next; /* dynamic row chunks: VM cores run at uneven speeds */
     int64_t chunk;
 } mm_job;
@@ -25,7 +37,14 @@ static void quantize_task(void *ctx, int ith, int nth) {
     if (j->M >= nth) {
         int64_t b, e;
         tr_split_range(j->M, ith, nth, &b, &e);
-        for (int64_t m = b; m < e; m++) q(j->x + m * K, j->xq + (size_t)m * j->xq_row, K);
+        for (int64_t m = b; m < e; m++) {
+            q(j->x + m * K, j->xq + (size_t)m * j->xq_row, K);
+            if (j->side) {
+                float *sd = j->side + (size_t)m * j->side_row;
+                j->k->act_side[j->vt](j->xq + (size_t)m * j->xq_row, K / TR_QK32, sd,
+                                      sd + j->side_row / 2);
+            }
+        }
     } else {
         /* few rows: split each row by blocks so every thread has a share */
         const int64_t blck = tr_traits(j->vt)->blck;
@@ -33,12 +52,23 @@ static void quantize_task(void *ctx, int ith, int nth) {
         const int64_t nb = K / blck;
         int64_t b, e;
         tr_split_range(nb, ith, nth, &b, &e);
-        for (int64_t m = 0; m < j->M; m++)
-            if (e > b)
-                q(j->x + m * K + b * blck, j->xq + (size_t)m * j->xq_row + (size_t)b * bb,
-                  (e - b) * blck);
+        for (int64_t m = 0; m < j->M; m++) {
+            if (e <= b) continue;
+            char *aq = j->xq + (size_t)m * j->xq_row + (size_t)b * bb;
+            q(j->x + m * K + b * blck, aq, (e - b) * blck);
+            if (j->side) { /* side blocks are activation blocks (32 elements) */
+                float *sd = j->side + (size_t)m * j->side_row;
+                j->k->act_side[j->vt](aq, e - b, sd + b, sd + j->side_row / 2 + b);
+            }
+        }
     }
 }
+
+/* Rows per tile for several activation rows: the tile's weight rows (a few KiB each) stay in L1/L2
+ * while every group of TR_MAX_NC activation rows passes over them, and each activation group is
+ * read from L1 for all rows of the tile, instead of each weight row sweeping all M activation
+ * rows (MiBs for a long prompt, out of L2). */
+#define MM_TILE_ROWS 16
 
 static void dot_task(void *ctx, int ith, int nth) {
     (void)ith;
@@ -48,21 +78,26 @@ static void dot_task(void *ctx, int ith, int nth) {
     const int64_t N = W->n_out, K = W->n_in;
     const tr_vec_dot_fn dot = j->k->vec_dot[W->type];
     const tr_vec_dot_nc_fn dot_nc = j->k->vec_dot_nc[W->type];
+    const tr_vec_dot_side_fn dot_side = j->side ? j->k->vec_dot_side[W->type] : NULL;
     int64_t b, e;
     while (tr_claim(&j->next, N, j->chunk, &b, &e)) {
-        for (int64_t r = b; r < e; r++) {
-            const char *row = (const char *)W->data + (size_t)r * W->row_bytes;
-            int64_t m = 0;
-            if (dot_nc) {
-                for (; m + TR_MAX_NC <= j->M; m += TR_MAX_NC)
-                    dot_nc(K, TR_MAX_NC, j->y + m * N + r, (size_t)N, row,
-                           j->xq + (size_t)m * j->xq_row, j->xq_row);
-                if (m < j->M)
-                    dot_nc(K, (int)(j->M - m), j->y + m * N + r, (size_t)N, row,
-                           j->xq + (size_t)m * j->xq_row, j->xq_row);
-            } else {
-                for (; m < j->M; m++)
-                    dot(K, j->y + m * N + r, row, j->xq + (size_t)m * j->xq_row);
+        for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
+            const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
+            for (int64_t m = 0; m < j->M; m += TR_MAX_NC) {
+                const int nc = j->M - m < TR_MAX_NC ? (int)(j->M - m) : TR_MAX_NC;
+                const char *xq = j->xq + (size_t)m * j->xq_row;
+                for (int64_t r = r0; r < r1; r++) {
+                    const char *row = (const char *)W->data + (size_t)r * W->row_bytes;
+                    if (dot_side) {
+                        dot_side(K, nc, j->y + m * N + r, (size_t)N, row, xq, j->xq_row,
+                                 j->side + (size_t)m * j->side_row, j->side_row);
+                    } else if (dot_nc) {
+                        dot_nc(K, nc, j->y + m * N + r, (size_t)N, row, xq, j->xq_row);
+                    } else {
+                        for (int c = 0; c < nc; c++)
+                            dot(K, j->y + (m + c) * N + r, row, xq + (size_t)c * j->xq_row);
+                    }
+                }
             }
         }
     }
@@ -80,6 +115,12 @@ void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const flo
         .vt = tr_traits(W->type)->vec_dot_type,
     };
     j.xq_row = tr_type_row_bytes(j.vt, W->n_in);
+    if (j.k->vec_dot_side[W->type] && j.k->act_side[j.vt] && side_floats(j.vt, W->n_in)) {
+        /* the 64 spare bytes of the scratch size cover this alignment */
+        const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);
+        j.side = (float *)((at + 63) & ~(uintptr_t)63);
+        j.side_row = side_floats(j.vt, W->n_in);
+    }
     atomic_init(&j.next, 0);
     const int nth = pool ? tr_pool_size(pool) : 1;
     /* ~8 chunks per thread balances uneven cores without contending on the counter */

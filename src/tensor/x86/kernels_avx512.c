@@ -1,8 +1,338 @@
-/* avx512 kernels (placeholder until the SIMD kernels land). */
+/*
+ * The AVX-512 kernel family (F + BW + VL + DQ + VNNI). The float types and the K-quants that
+ * dominate real models (Q4_K, Q5_K, Q6_K) get 512-bit kernels here; every other type uses the
+ * 256-bit kernels of the ymm_*.h headers compiled again in this file, where their byte dot
+ * products become VNNI instructions (vpdpbusd / vpdpwssd).
+ *
+ * K-quant super-block layout in registers: one 512-bit register holds 64 codes that meet 64
+ * consecutive activation bytes, so activations are loaded as they are and all rearranging is
+ * done once per weight block (shared by the nc activation columns). Codes (unsigned, < 64) times
+ * activations go through vpmaddubsw into int16 pairs (at most 2·63·127, no saturation), then
+ * vpdpwssd multiplies by the sub-block scale and accumulates in int32, exactly as the reference
+ * forms its integer sums.
+ */
 #include "tensor/kernels.h"
 
 #if defined(__x86_64__)
-void tr_kernels_fill_avx512(tr_kernels *k) { (void)k; }
+
+#include "tensor/x86/simd_common.h"
+#include "tensor/x86/ymm_float.h"
+#include "tensor/x86/ymm_kquants.h"
+#include "tensor/x86/ymm_q32.h"
+
+/* 32 bytes loaded into both halves of a 512-bit register (a load-port broadcast, no shuffle) */
+TR_ALWAYS_INLINE __m512i bcast256(const void *p) {
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* vpternlog immediates (A = first operand, B = second, C = third) */
+#define TL_A_OR_B_AND_C 0xF8 /* A | (B & C) */
+#define TL_SELECT_AC_B  0xE4 /* (A & C) | (B & ~C) */
+
+TR_ALWAYS_INLINE float hsum_ps512(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+/* *p in all 16 lanes, loaded as a broadcast (no shuffle-port uop) */
+TR_ALWAYS_INLINE __m512 bcast_mem_ps512(const float *p) {
+    return _mm512_broadcastss_ps(_mm_load_ss(p));
+}
+
+/* Q4_K/Q5_K scales and mins (GGUF-FACTS §2.3.1) from the 12 packed bytes at p, the same in every
+ * 128-bit lane, as dwords [sc0-3, mn0-3, sc4-7, mn4-7]: sc_k is byte k (k < 4) or k + 4, mn_k is
+ * byte k + 4 or k + 8. Only broadcast loads, shifts and bit selects: nothing on the shuffle port,
+ * which the rest of the super-block keeps busy. */
+TR_ALWAYS_INLINE __m512i k4_scales_mins_x4(const uint8_t *p) {
+    const __m512i v = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)); /* S0-7 */
+    const __m512i s8 = _mm512_broadcastd_epi32(_mm_loadu_si32(p + 8));              /* S8-11 */
+    const __m512i lo6 = _mm512_and_si512(v, _mm512_set4_epi32(0, 0, 0x3F3F3F3F, 0x3F3F3F3F));
+    /* top 2 bits of S0-7 at bits 4-5, kept in dwords 2-3 */
+    const __m512i top = _mm512_srli_epi32(v, 2);
+    const __m512i x = _mm512_ternarylogic_epi32(
+        lo6, top, _mm512_set4_epi32(0x30303030, 0x30303030, 0, 0), TL_A_OR_B_AND_C);
+    /* low nibbles (dword 2) and high nibbles (dword 3) of S8-11; a shift by 32 clears dwords 0-1 */
+    const __m512i nib = _mm512_srlv_epi32(s8, _mm512_set4_epi32(4, 0, 32, 32));
+    return _mm512_ternarylogic_epi32(x, nib, _mm512_set1_epi8(0x0F), TL_A_OR_B_AND_C);
+}
+
+/* ------------------------------------------------------------------------------- float types */
+
+enum { ZF_F32, ZF_F16, ZF_BF16 };
+
+TR_ALWAYS_INLINE size_t zf_elem_bytes(int kind) { return kind == ZF_F32 ? 4 : 2; }
+
+/* 16 elements, or the first `mask` bits of them (masked-off elements are not read at all) */
+TR_ALWAYS_INLINE __m512 zf_load16(int kind, const char *p, __mmask16 mask) {
+    if (kind == ZF_F32) return _mm512_maskz_loadu_ps(mask, p);
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+    if (kind == ZF_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+TR_ALWAYS_INLINE void zf_impl(const int kind, int64_t n, const int nc, float *restrict s,
+                              size_t s_stride, const void *restrict vw, const void *restrict va,
+                              size_t a_stride) {
+    const size_t eb = zf_elem_bytes(kind);
+    const char *w = vw;
+    const char *a[TR_MAX_NC];
+    __m512 acc0[TR_MAX_NC], acc1[TR_MAX_NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        a[j] = (const char *)va + (size_t)j * a_stride;
+        acc0[j] = acc1[j] = _mm512_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        prefetch_block(w + (size_t)i * eb, 32 * eb);
+        const __m512 w0 = zf_load16(kind, w + (size_t)i * eb, 0xFFFF);
+        const __m512 w1 = zf_load16(kind, w + (size_t)(i + 16) * eb, 0xFFFF);
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            acc0[j] = _mm512_fmadd_ps(w0, zf_load16(kind, a[j] + (size_t)i * eb, 0xFFFF), acc0[j]);
+            acc1[j] =
+                _mm512_fmadd_ps(w1, zf_load16(kind, a[j] + (size_t)(i + 16) * eb, 0xFFFF), acc1[j]);
+        }
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 w0 = zf_load16(kind, w + (size_t)i * eb, m);
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++)
+            acc0[j] = _mm512_fmadd_ps(w0, zf_load16(kind, a[j] + (size_t)i * eb, m), acc0[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++)
+        s[(size_t)j * s_stride] = hsum_ps512(_mm512_add_ps(acc0[j], acc1[j]));
+}
+
+#define ZF_IMPL(kind, fn)                                                                          \
+    TR_ALWAYS_INLINE void fn(int64_t n, const int nc, float *restrict s, size_t ss,                \
+                             const void *restrict w, const void *restrict a, size_t as) {          \
+        zf_impl(kind, n, nc, s, ss, w, a, as);                                                     \
+    }
+ZF_IMPL(ZF_F32, zmm_f32_impl)
+ZF_IMPL(ZF_F16, zmm_f16_impl)
+ZF_IMPL(ZF_BF16, zmm_bf16_impl)
+#undef ZF_IMPL
+
+/* ----------------------------------------------------------------------------------- Q4_K/Q5_K */
+
+/* pshufb control giving int16 lanes that hold byte `lo` of each 128-bit lane in the low 256 bits
+ * and byte `hi` in the high 256 bits, zero-extended */
+TR_ALWAYS_INLINE __m512i ctrl_u8_to_i16(int lo, int hi) {
+    const __m256i l = _mm256_set1_epi16((short)(lo | 0x8000));
+    const __m256i h = _mm256_set1_epi16((short)(hi | 0x8000));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(l), h, 1);
+}
+
+/* Chunk c of a super-block: the 32 code bytes qs[32c..] hold sub-block 2c in their low nibbles
+ * and 2c+1 in their high nibbles, which meet activations 64c..64c+31 and 64c+32..64c+63. With
+ * the bytes in both register halves and the upper half shifted right by 4, one register holds
+ * the 64 codes in activation order. Q5_K's fifth bits (bit 2c / 2c+1 of qh[l]) come from a
+ * register holding qh in the low half and qh >> 1 in the high half, so both halves need bit 2c. */
+TR_ALWAYS_INLINE void zmm_k45_impl(const bool five, int64_t n, const int nc, float *restrict s,
+                                   size_t s_stride, const void *restrict w, const void *restrict va,
+                                   size_t a_stride) {
+    const int64_t nb = n / TR_QK_K;
+    const size_t wb = five ? sizeof(tr_blk_q5_k) : sizeof(tr_blk_q4_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const __mmask32 upper = 0xFFFF0000u;
+    /* mn0..mn7 are bytes 4-7 and 12-15 (k4_scales_mins_x4), each taken twice as int16 */
+    const __m256i mn_ctrl =
+        _mm256_setr_epi8(4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1, 12, -1, 12, -1, 13,
+                         -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
+    const tr_blk_q8_k *a[TR_MAX_NC];
+    __m512 acc[TR_MAX_NC];
+    __m256 accm[TR_MAX_NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        a[j] = (const tr_blk_q8_k *)((const char *)va + (size_t)j * a_stride);
+        acc[j] = _mm512_setzero_ps();
+        accm[j] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const char *blk = (const char *)w + (size_t)b * wb;
+        prefetch_block(blk, wb);
+        const tr_blk_q4_k *x4 = (const tr_blk_q4_k *)blk; /* Q5_K starts the same way */
+        const uint8_t *qs = five ? ((const tr_blk_q5_k *)blk)->qs : x4->qs;
+        const __m512i sm = k4_scales_mins_x4(x4->scales);
+        /* mins, each twice (one per 16-group of bsums), as int16 */
+        const __m256i mn = _mm256_shuffle_epi8(_mm512_castsi512_si256(sm), mn_ctrl);
+        __m512i hb = _mm512_setzero_si512();
+        if (five) {
+            hb = bcast256(((const tr_blk_q5_k *)blk)->qh);
+            hb = _mm512_mask_srli_epi16(hb, upper, hb, 1);
+        }
+        __m512i q[4], sc[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512i v = bcast256(qs + 32 * c);
+            q[c] = _mm512_and_si512(_mm512_mask_srli_epi16(v, upper, v, 4), m4);
+            if (five) {
+                /* move bit 2c of every byte to bit 4 (16-bit shifts: what crosses into the
+                 * neighbouring byte never lands on bit 4) */
+                const __m512i h = c < 2    ? _mm512_slli_epi16(hb, 4 - 2 * c)
+                                  : c == 2 ? hb
+                                           : _mm512_srli_epi16(hb, 2);
+                q[c] = _mm512_ternarylogic_epi32(q[c], h, m10, TL_A_OR_B_AND_C);
+            }
+            /* sc_k is byte k (k < 4) or byte k + 4 of each lane */
+            sc[c] = _mm512_shuffle_epi8(sm, c < 2 ? ctrl_u8_to_i16(2 * c, 2 * c + 1)
+                                                  : ctrl_u8_to_i16(2 * c + 4, 2 * c + 5));
+        }
+        /* d and dmin in one conversion (4 bytes read as f16 pairs, upper lanes zero) */
+        const __m128 dm = _mm_cvtph_ps(_mm_loadu_si32(blk));
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            const tr_blk_q8_k *y = &a[j][b];
+            /* the two scale products go through memory so the FMAs below take them as
+             * broadcast memory operands (load port) rather than register broadcasts (shuffle
+             * port, the busiest one here) */
+            float sd[4];
+            _mm_storeu_ps(sd, _mm_mul_ps(dm, _mm_set1_ps(y->d)));
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m512i p = _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(y->qs + 64 * c));
+                isum = _mm512_dpwssd_epi32(isum, p, sc[c]);
+            }
+            const __m256i msum =
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mn);
+            acc[j] = _mm512_fmadd_ps(bcast_mem_ps512(&sd[0]), _mm512_cvtepi32_ps(isum), acc[j]);
+            accm[j] =
+                _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[1]), _mm256_cvtepi32_ps(msum), accm[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) s[(size_t)j * s_stride] = hsum_ps512(acc[j]) - hsum_ps256(accm[j]);
+}
+
+TR_ALWAYS_INLINE void zmm_q4_k_impl(int64_t n, const int nc, float *restrict s, size_t ss,
+                                    const void *restrict w, const void *restrict a, size_t as) {
+    zmm_k45_impl(false, n, nc, s, ss, w, a, as);
+}
+TR_ALWAYS_INLINE void zmm_q5_k_impl(int64_t n, const int nc, float *restrict s, size_t ss,
+                                    const void *restrict w, const void *restrict a, size_t as) {
+    zmm_k45_impl(true, n, nc, s, ss, w, a, as);
+}
+
+/* ----------------------------------------------------------------------------------------- Q6_K */
+
+/* Half h of a super-block: the 64 bytes ql[64h..] give, in their low nibbles, the low 4 bits of
+ * outputs 128h + 0..63 and, in their high nibbles, of 128h + 64..127 — both already in
+ * activation order. The 2 high bits come from qh[32h + l] bits 0-1, 2-3, 4-5, 6-7 for the four
+ * 32-output groups; a register with qh in the low half and qh >> 2 in the high half has the
+ * first pair of groups in bits 0-1 and the second in bits 4-5. Codes are stored + 32: the offset
+ * is removed once per super-block through the activation group sums. */
+TR_ALWAYS_INLINE void zmm_q6_k_impl(int64_t n, const int nc, float *restrict s, size_t s_stride,
+                                    const void *restrict vw, const void *restrict va,
+                                    size_t a_stride) {
+    const int64_t nb = n / TR_QK_K;
+    const tr_blk_q6_k *w = vw;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33);
+    const __mmask32 upper = 0xFFFF0000u;
+    const tr_blk_q8_k *a[TR_MAX_NC];
+    __m512 acc[TR_MAX_NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        a[j] = (const tr_blk_q8_k *)((const char *)va + (size_t)j * a_stride);
+        acc[j] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const tr_blk_q6_k *x = w + b;
+        prefetch_block(x, sizeof *x);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+        __m512i q[4], sc[4];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
+            __m512i hz = bcast256(x->qh + 32 * h);
+            hz = _mm512_and_si512(_mm512_mask_srli_epi16(hz, upper, hz, 2), m33);
+            q[2 * h] = _mm512_ternarylogic_epi32(l, _mm512_slli_epi16(hz, 4), m4, TL_SELECT_AC_B);
+            q[2 * h + 1] =
+                _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), hz, m4, TL_SELECT_AC_B);
+        }
+        /* register k, 128-bit lane i (8 int16 lanes = 16 outputs) takes scale 4k + i: pshufb
+         * puts the int8 scale in the high byte of each word, the arithmetic shift sign-extends
+         * it (measured a little faster than vpermw on the sign-extended scales) */
+        const __m512i sb = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)x->scales));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const char b0 = (char)(4 * k);
+            const __m512i ctrl = _mm512_set_epi8(
+                (char)(b0 + 3), -1, (char)(b0 + 3), -1, (char)(b0 + 3), -1, (char)(b0 + 3), -1,
+                (char)(b0 + 3), -1, (char)(b0 + 3), -1, (char)(b0 + 3), -1, (char)(b0 + 3), -1,
+                (char)(b0 + 2), -1, (char)(b0 + 2), -1, (char)(b0 + 2), -1, (char)(b0 + 2), -1,
+                (char)(b0 + 2), -1, (char)(b0 + 2), -1, (char)(b0 + 2), -1, (char)(b0 + 2), -1,
+                (char)(b0 + 1), -1, (char)(b0 + 1), -1, (char)(b0 + 1), -1, (char)(b0 + 1), -1,
+                (char)(b0 + 1), -1, (char)(b0 + 1), -1, (char)(b0 + 1), -1, (char)(b0 + 1), -1, b0,
+                -1, b0, -1, b0, -1, b0, -1, b0, -1, b0, -1, b0, -1, b0, -1);
+            sc[k] = _mm512_srai_epi16(_mm512_shuffle_epi8(sb, ctrl), 8);
+        }
+        /* d is the last half of the block: read it with the two scale bytes before it */
+        const __m128 dw = _mm_cvtph_ps(_mm_loadu_si32(x->scales + 14)); /* lane 1 = d */
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            const tr_blk_q8_k *y = &a[j][b];
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i p = _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(y->qs + 64 * k));
+                isum = _mm512_dpwssd_epi32(isum, p, sc[k]);
+            }
+            const __m256i off =
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), s16);
+            isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+            float sd[4]; /* through memory: the FMA takes it as a broadcast operand */
+            _mm_storeu_ps(sd, _mm_mul_ps(dw, _mm_set1_ps(y->d)));
+            acc[j] = _mm512_fmadd_ps(bcast_mem_ps512(&sd[1]), _mm512_cvtepi32_ps(isum), acc[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) s[(size_t)j * s_stride] = hsum_ps512(acc[j]);
+}
+
+TR_X86_DOT_ENTRIES(zmm_dot_f32, zmm_f32_impl)
+TR_X86_DOT_ENTRIES(zmm_dot_f16, zmm_f16_impl)
+TR_X86_DOT_ENTRIES(zmm_dot_bf16, zmm_bf16_impl)
+TR_X86_DOT_ENTRIES(zmm_dot_q4_k, zmm_q4_k_impl)
+TR_X86_DOT_ENTRIES(zmm_dot_q5_k, zmm_q5_k_impl)
+TR_X86_DOT_ENTRIES(zmm_dot_q6_k, zmm_q6_k_impl)
+
+void tr_kernels_fill_avx512(tr_kernels *k) {
+#define SET(T, fn)                                                                                 \
+    do {                                                                                           \
+        k->vec_dot[TR_TYPE_##T] = fn;                                                              \
+        k->vec_dot_nc[TR_TYPE_##T] = fn##_nc;                                                      \
+    } while (0)
+    SET(F32, zmm_dot_f32);
+    SET(F16, zmm_dot_f16);
+    SET(BF16, zmm_dot_bf16);
+    SET(Q4_K, zmm_dot_q4_k);
+    SET(Q5_K, zmm_dot_q5_k);
+    SET(Q6_K, zmm_dot_q6_k);
+    /* the 256-bit kernels compiled here use VNNI */
+    SET(Q4_0, ymm_dot_q4_0);
+    SET(Q4_1, ymm_dot_q4_1);
+    SET(Q5_0, ymm_dot_q5_0);
+    SET(Q5_1, ymm_dot_q5_1);
+    SET(Q8_0, ymm_dot_q8_0);
+    SET(IQ4_NL, ymm_dot_iq4_nl);
+    SET(MXFP4, ymm_dot_mxfp4);
+    SET(Q2_K, ymm_dot_q2_k);
+    SET(Q3_K, ymm_dot_q3_k);
+    SET(IQ4_XS, ymm_dot_iq4_xs);
+#undef SET
+    /* matmul's path with activation side tables (kernels.h) for the 32-element block types */
+    k->vec_dot_side[TR_TYPE_Q4_0] = ymm_dot_side_q4_0;
+    k->vec_dot_side[TR_TYPE_Q5_0] = ymm_dot_side_q5_0;
+    k->vec_dot_side[TR_TYPE_Q8_0] = ymm_dot_side_q8_0;
+    k->vec_dot_side[TR_TYPE_IQ4_NL] = ymm_dot_side_iq4_nl;
+    k->vec_dot_side[TR_TYPE_MXFP4] = ymm_dot_side_mxfp4;
+    k->vec_dot_side[TR_TYPE_Q4_1] = ymm_dot_side_q4_1;
+    k->vec_dot_side[TR_TYPE_Q5_1] = ymm_dot_side_q5_1;
+    k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;
+    k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
+}
+
 #else
 typedef int tr_kernels_avx512_unused; /* ISO C forbids an empty translation unit */
 #endif

@@ -1,0 +1,403 @@
+/*
+ * 256-bit dot products for the 32-element block types: Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 against
+ * Q8_0 activations and Q4_1, Q5_1 against Q8_1 (GGUF-FACTS §2.2, §2.4). One block is one
+ * register of 32 byte codes; its integer dot product with the activation block is exact (byte
+ * products summed in int32), then scaled by the two block scales in f32 like the reference.
+ *
+ * Signed codes use the sign trick: |w| (unsigned) times sign(w)·a (signed) equals w·a, so one
+ * unsigned-by-signed byte multiply serves; |w| <= 128 and |a| <= 127 keep every pair sum below
+ * the int16 saturation of maddubs. The weight block is decoded once and reused for up to
+ * TR_MAX_NC activation rows (vec_dot_nc).
+ */
+#ifndef TR_TENSOR_X86_YMM_Q32_H
+#define TR_TENSOR_X86_YMM_Q32_H
+
+#include "tensor/x86/simd_common.h"
+
+#if defined(__x86_64__)
+
+enum { Q32_Q4_0, Q32_Q5_0, Q32_Q8_0, Q32_IQ4_NL, Q32_MXFP4, Q32_Q4_1, Q32_Q5_1 };
+
+TR_ALWAYS_INLINE size_t q32_wbytes(int kind) {
+    switch (kind) {
+    case Q32_Q4_0: return sizeof(tr_blk_q4_0);
+    case Q32_Q5_0: return sizeof(tr_blk_q5_0);
+    case Q32_Q8_0: return sizeof(tr_blk_q8_0);
+    case Q32_IQ4_NL: return sizeof(tr_blk_iq4_nl);
+    case Q32_MXFP4: return sizeof(tr_blk_mxfp4);
+    case Q32_Q4_1: return sizeof(tr_blk_q4_1);
+    default: return sizeof(tr_blk_q5_1);
+    }
+}
+
+TR_ALWAYS_INLINE bool q32_with_min(int kind) { return kind == Q32_Q4_1 || kind == Q32_Q5_1; }
+
+/* One weight block -> its 32 byte codes in element order: signed values for the Q8_0-activation
+ * kinds, 0..31 unsigned for Q4_1/Q5_1. */
+TR_ALWAYS_INLINE __m256i q32_codes(int kind, const char *blk, __m256i table) {
+    switch (kind) {
+    case Q32_Q4_0:
+        return _mm256_sub_epi8(unpack_nibbles32(((const tr_blk_q4_0 *)blk)->qs),
+                               _mm256_set1_epi8(8));
+    case Q32_Q5_0: {
+        const tr_blk_q5_0 *x = (const tr_blk_q5_0 *)blk;
+        /* q - 16 with q = nibble + 16·bit: bit set gives the nibble, bit clear gives nibble - 16,
+         * which is the nibble with the top four bits set (two's complement) */
+        const __m256i clear = _mm256_andnot_si256(expand_bits32(x->qh), _mm256_set1_epi8(-16));
+        return _mm256_or_si256(unpack_nibbles32(x->qs), clear);
+    }
+    case Q32_Q8_0: return _mm256_loadu_si256((const __m256i *)((const tr_blk_q8_0 *)blk)->qs);
+    case Q32_IQ4_NL: return lookup_nibbles32(((const tr_blk_iq4_nl *)blk)->qs, table);
+    case Q32_MXFP4: return lookup_nibbles32(((const tr_blk_mxfp4 *)blk)->qs, table);
+    case Q32_Q4_1: return unpack_nibbles32(((const tr_blk_q4_1 *)blk)->qs);
+    default: {
+        const tr_blk_q5_1 *x = (const tr_blk_q5_1 *)blk;
+        const __m256i hi = _mm256_and_si256(expand_bits32(x->qh), _mm256_set1_epi8(16));
+        return _mm256_or_si256(unpack_nibbles32(x->qs), hi);
+    }
+    }
+}
+
+/* the weight block's scale d and, for Q4_1/Q5_1, its min m */
+TR_ALWAYS_INLINE float q32_scale(int kind, const char *blk, float *m) {
+    if (kind == Q32_MXFP4) return tr_e8m0_to_f32_half(((const tr_blk_mxfp4 *)blk)->e);
+    if (q32_with_min(kind)) *m = x86_f16(((const tr_blk_q4_1 *)blk)->m); /* Q5_1: same place */
+    return x86_f16(((const tr_blk_q4_0 *)blk)->d); /* every other kind starts with d */
+}
+
+TR_ALWAYS_INLINE __m256i q32_table(int kind) {
+    if (kind == Q32_IQ4_NL) return table16_256(tr_kvalues_iq4nl);
+    if (kind == Q32_MXFP4) return table16_256(tr_kvalues_mxfp4);
+    return _mm256_setzero_si256();
+}
+
+/* int32 lanes of the block dot: codes (from q32_codes; uq = |codes| for the signed kinds) with
+ * one activation block. Signed codes use the sign trick: |w| times sign(w)·a equals w·a. */
+TR_ALWAYS_INLINE __m256i q32_dot(int kind, __m256i q, __m256i uq, const int8_t *aqs) {
+    const __m256i y = _mm256_loadu_si256((const __m256i *)aqs);
+    if (q32_with_min(kind)) return dot_us8(q, y);
+    return dot_us8(uq, _mm256_sign_epi8(y, q));
+}
+
+TR_ALWAYS_INLINE size_t q32_abytes(int kind) {
+    return q32_with_min(kind) ? sizeof(tr_blk_q8_1) : sizeof(tr_blk_q8_0);
+}
+
+/* One block with scalar scales (row tails of fewer than 8 blocks). msum collects the Q4_1/Q5_1
+ * min terms m·s (s = d_a·Σa as stored in the Q8_1 block). */
+TR_ALWAYS_INLINE void q32_step(const int kind, const int nc, const char *wblk, const char *const *a,
+                               int64_t b, __m256i table, __m256 *acc, float *msum) {
+    float m = 0.0f;
+    const float d = q32_scale(kind, wblk, &m);
+    const __m256i q = q32_codes(kind, wblk, table);
+    const __m256i uq = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        /* Q8_0 and Q8_1 blocks both start with d; Q8_1 has s next, then the codes */
+        const char *y = a[j] + (size_t)b * q32_abytes(kind);
+        const tr_half *yh = (const tr_half *)y;
+        const int8_t *yq =
+            q32_with_min(kind) ? ((const tr_blk_q8_1 *)y)->qs : ((const tr_blk_q8_0 *)y)->qs;
+        const __m256i p = q32_dot(kind, q, uq, yq);
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x86_f16(yh[0])), _mm256_cvtepi32_ps(p), acc[j]);
+        if (q32_with_min(kind)) msum[j] += m * x86_f16(yh[1]);
+    }
+}
+
+/* The first 4 bytes of 8 consecutive blocks `stride` bytes apart, as 8 dwords. The gather base
+ * is rounded down to 4-byte alignment (the offsets absorb the rest), so no misaligned int
+ * pointer is ever formed; every dword read lies inside its block. */
+TR_ALWAYS_INLINE __m256i gather8_head(const char *p, int stride) {
+    const uintptr_t addr = (uintptr_t)p;
+    const int mis = (int)(addr & 3);
+    const __m256i idx = _mm256_add_epi32(
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride)),
+        _mm256_set1_epi32(mis));
+    return _mm256_i32gather_epi32((const int *)(addr - (uintptr_t)mis), idx, 1);
+}
+
+/* low 16 bits of 8 dwords, as f16, -> 8 floats */
+TR_ALWAYS_INLINE __m256 f16_lo_to_f32(__m256i v) {
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+}
+
+/* low byte of 8 dwords, as an E8M0 exponent, -> 2^(e-128) exactly like tr_e8m0_to_f32_half */
+TR_ALWAYS_INLINE __m256 e8m0_lo_to_f32(__m256i v) {
+    const __m256i e = _mm256_and_si256(v, _mm256_set1_epi32(0xFF));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e); /* e = 0, 1 */
+    const __m256i is_tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny));
+}
+
+/* accumulators per column in the 8-block groups: 4 for a single column, whose FMAs would
+ * otherwise wait on each other's latency, 2 when several columns already interleave */
+#define Q32_NACC(nc) ((nc) == 1 ? 4 : 2)
+
+TR_ALWAYS_INLINE __m256 q32_acc_sum(__m256 (*acc)[TR_MAX_NC], int j) {
+    return _mm256_add_ps(_mm256_add_ps(acc[0][j], acc[1][j]), _mm256_add_ps(acc[2][j], acc[3][j]));
+}
+
+/* Eight blocks b..b+7. The 8 weight scales and, per column, the 8 activation scales are
+ * converted at once (one gather each) and their products stored, so each block's FMA takes its
+ * scale as a broadcast from memory: a per-block scalar f16 conversion and register broadcast
+ * would cost about as much as the block's dot product. */
+TR_ALWAYS_INLINE void q32_group8(const int kind, const int nc, const char *w, const char *const *a,
+                                 int64_t b, __m256i table, __m256 (*acc)[TR_MAX_NC], __m256 *mvec) {
+    const int wb = (int)q32_wbytes(kind), ab = (int)q32_abytes(kind);
+    const char *w0 = w + (size_t)b * (size_t)wb;
+    prefetch_block(w0, 8 * (size_t)wb); /* once per cache line, not per 17..34-byte block */
+    const __m256i gw = gather8_head(w0, wb);
+    const __m256 dw = kind == Q32_MXFP4 ? e8m0_lo_to_f32(gw) : f16_lo_to_f32(gw);
+    float sc[TR_MAX_NC][8];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        const __m256i ga = gather8_head(a[j] + (size_t)b * (size_t)ab, ab);
+        _mm256_storeu_ps(sc[j], _mm256_mul_ps(dw, f16_lo_to_f32(ga)));
+        if (q32_with_min(kind)) /* Σ m·s: weight min (high half) times activation s (high half) */
+            mvec[j] = _mm256_fmadd_ps(f16_lo_to_f32(_mm256_srli_epi32(gw, 16)),
+                                      f16_lo_to_f32(_mm256_srli_epi32(ga, 16)), mvec[j]);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const char *blk = w0 + (size_t)k * (size_t)wb;
+        const __m256i q = q32_codes(kind, blk, table);
+        const __m256i uq = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            const char *y = a[j] + (size_t)(b + k) * (size_t)ab;
+            const int8_t *yq =
+                q32_with_min(kind) ? ((const tr_blk_q8_1 *)y)->qs : ((const tr_blk_q8_0 *)y)->qs;
+            const __m256 p = _mm256_cvtepi32_ps(q32_dot(kind, q, uq, yq));
+            /* alternate accumulators: one column alone would wait on the FMA latency */
+            /* independent accumulators (4 for one column, 2 per column for more): a single
+             * chain would wait on the FMA latency */
+            __m256 *ak = &acc[k % Q32_NACC(nc)][j];
+            *ak = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[j][k]), p, *ak);
+        }
+    }
+}
+
+TR_ALWAYS_INLINE void q32_impl(const int kind, int64_t n, const int nc, float *restrict s,
+                               size_t s_stride, const void *restrict w, const void *restrict va,
+                               size_t a_stride) {
+    const int64_t nb = n / TR_QK32;
+    const size_t wb = q32_wbytes(kind);
+    const __m256i table = q32_table(kind);
+    const char *a[TR_MAX_NC];
+    __m256 acc[4][TR_MAX_NC], mvec[TR_MAX_NC];
+    float msum[TR_MAX_NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        a[j] = (const char *)va + (size_t)j * a_stride;
+        acc[0][j] = acc[1][j] = acc[2][j] = acc[3][j] = mvec[j] = _mm256_setzero_ps();
+        msum[j] = 0.0f;
+    }
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) q32_group8(kind, nc, w, a, b, table, acc, mvec);
+    for (; b < nb; b++)
+        q32_step(kind, nc, (const char *)w + (size_t)b * wb, a, b, table, acc[0], msum);
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++)
+        s[(size_t)j * s_stride] = hsum_ps256(_mm256_add_ps(q32_acc_sum(acc, j), mvec[j])) + msum[j];
+}
+
+/* ------------------------------------------------------------------ with activation side tables */
+
+/* Activation side tables (kernels.h): block scales as f32, and the code sums (Q8_0) or the
+ * stored s (Q8_1). Built once per activation row by tr_matmul. */
+static __attribute__((unused)) void ymm_act_side_q8_0(const void *restrict aq, int64_t nb,
+                                                      float *restrict d, float *restrict second) {
+    const tr_blk_q8_0 *y = aq;
+    for (int64_t b = 0; b < nb; b++) {
+        d[b] = x86_f16(y[b].d);
+        /* bias the bytes to unsigned, sum them with psadbw, remove the bias */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)y[b].qs);
+        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)),
+                                            _mm256_setzero_si256());
+        const __m128i t =
+            _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        const int sum = (int)(_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)) - 32 * 128;
+        second[b] = (float)sum;
+    }
+}
+
+static __attribute__((unused)) void ymm_act_side_q8_1(const void *restrict aq, int64_t nb,
+                                                      float *restrict d, float *restrict second) {
+    const tr_blk_q8_1 *y = aq;
+    for (int64_t b = 0; b < nb; b++) {
+        d[b] = x86_f16(y[b].d);
+        second[b] = x86_f16(y[b].s);
+    }
+}
+
+/* With the activation code sums at hand, 4-bit and 5-bit codes with an offset are multiplied
+ * unsigned (nibble, nibble + 16·bit, MXFP4 value + 12) and the offset is subtracted once per
+ * block through the sums: Σ (u - off)·a = Σ u·a - off·Σ a. That saves the sign trick (two
+ * instructions per block). Q8_0 and IQ4_NL keep it: their offsets would be 128. */
+TR_ALWAYS_INLINE int q32_side_offset(int kind) {
+    return kind == Q32_Q4_0 ? 8 : kind == Q32_Q5_0 ? 16 : kind == Q32_MXFP4 ? 12 : 0;
+}
+
+/* codes for the side kernels: unsigned for the offset kinds and Q4_1/Q5_1, as q32_codes else */
+TR_ALWAYS_INLINE __m256i q32_side_codes(int kind, const char *blk, __m256i table) {
+    switch (kind) {
+    case Q32_Q4_0: return unpack_nibbles32(((const tr_blk_q4_0 *)blk)->qs);
+    case Q32_Q5_0: {
+        const tr_blk_q5_0 *x = (const tr_blk_q5_0 *)blk;
+        const __m256i hi = _mm256_and_si256(expand_bits32(x->qh), _mm256_set1_epi8(16));
+        return _mm256_or_si256(unpack_nibbles32(x->qs), hi);
+    }
+    case Q32_MXFP4: return lookup_nibbles32(((const tr_blk_mxfp4 *)blk)->qs, table);
+    default: return q32_codes(kind, blk, table);
+    }
+}
+
+TR_ALWAYS_INLINE __m256i q32_side_table(int kind) {
+    if (kind == Q32_MXFP4) /* every value + 12: 0..24 */
+        return _mm256_add_epi8(table16_256(tr_kvalues_mxfp4), _mm256_set1_epi8(12));
+    return q32_table(kind);
+}
+
+/* int32 lanes of one block dot: unsigned codes directly, signed ones with the sign trick */
+TR_ALWAYS_INLINE __m256i q32_side_dot(int kind, __m256i q, __m256i uq, const int8_t *aqs) {
+    const __m256i y = _mm256_loadu_si256((const __m256i *)aqs);
+    if (q32_side_offset(kind) || q32_with_min(kind)) return dot_us8(q, y);
+    return dot_us8(uq, _mm256_sign_epi8(y, q));
+}
+
+TR_ALWAYS_INLINE const int8_t *q32_act_codes(int kind, const char *const *a, int j, int64_t b) {
+    const char *y = a[j] + (size_t)b * q32_abytes(kind);
+    return q32_with_min(kind) ? ((const tr_blk_q8_1 *)y)->qs : ((const tr_blk_q8_0 *)y)->qs;
+}
+
+/* Eight blocks b..b+7: weight scales by one gather, activation scales and second values read
+ * from the side tables. cacc collects Σ d_w·d_a·(code sum) for the offset kinds and Σ m·s for
+ * Q4_1/Q5_1. */
+TR_ALWAYS_INLINE void q32_side_group8(const int kind, const int nc, const char *w,
+                                      const char *const *a, const float *const *side, int64_t nb,
+                                      int64_t b, __m256i table, __m256 (*acc)[TR_MAX_NC],
+                                      __m256 *cacc) {
+    const int wb = (int)q32_wbytes(kind);
+    const char *w0 = w + (size_t)b * (size_t)wb;
+    prefetch_block(w0, 8 * (size_t)wb);
+    const __m256i gw = gather8_head(w0, wb);
+    const __m256 dw = kind == Q32_MXFP4 ? e8m0_lo_to_f32(gw) : f16_lo_to_f32(gw);
+    float sc[TR_MAX_NC][8];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        const __m256 scv = _mm256_mul_ps(dw, _mm256_loadu_ps(side[j] + b));
+        _mm256_storeu_ps(sc[j], scv);
+        const __m256 second = _mm256_loadu_ps(side[j] + nb + b);
+        if (q32_side_offset(kind)) cacc[j] = _mm256_fmadd_ps(scv, second, cacc[j]);
+        if (q32_with_min(kind)) /* weight min (high half of the gathered dword) times s */
+            cacc[j] = _mm256_fmadd_ps(f16_lo_to_f32(_mm256_srli_epi32(gw, 16)), second, cacc[j]);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const __m256i q = q32_side_codes(kind, w0 + (size_t)k * (size_t)wb, table);
+        const __m256i uq = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            const __m256 p =
+                _mm256_cvtepi32_ps(q32_side_dot(kind, q, uq, q32_act_codes(kind, a, j, b + k)));
+            __m256 *ak = &acc[k % Q32_NACC(nc)][j];
+            *ak = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[j][k]), p, *ak);
+        }
+    }
+}
+
+TR_ALWAYS_INLINE void q32_side_impl(const int kind, int64_t n, const int nc, float *restrict s,
+                                    size_t s_stride, const void *restrict w,
+                                    const void *restrict va, size_t a_stride,
+                                    const float *restrict vside, size_t side_stride) {
+    const int64_t nb = n / TR_QK32;
+    const size_t wb = q32_wbytes(kind);
+    const __m256i table = q32_side_table(kind);
+    const char *a[TR_MAX_NC];
+    const float *side[TR_MAX_NC];
+    __m256 acc[4][TR_MAX_NC], cacc[TR_MAX_NC];
+    float csum[TR_MAX_NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        a[j] = (const char *)va + (size_t)j * a_stride;
+        side[j] = vside + (size_t)j * side_stride;
+        acc[0][j] = acc[1][j] = acc[2][j] = acc[3][j] = cacc[j] = _mm256_setzero_ps();
+        csum[j] = 0.0f;
+    }
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) q32_side_group8(kind, nc, w, a, side, nb, b, table, acc, cacc);
+    for (; b < nb; b++) { /* row tail: one block at a time with scalar scales */
+        const char *blk = (const char *)w + (size_t)b * wb;
+        float m = 0.0f;
+        const float dw = q32_scale(kind, blk, &m);
+        const __m256i q = q32_side_codes(kind, blk, table);
+        const __m256i uq = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            const float sc = dw * side[j][b];
+            const __m256 p =
+                _mm256_cvtepi32_ps(q32_side_dot(kind, q, uq, q32_act_codes(kind, a, j, b)));
+            acc[0][j] = _mm256_fmadd_ps(_mm256_set1_ps(sc), p, acc[0][j]);
+            if (q32_side_offset(kind)) csum[j] += sc * side[j][nb + b];
+            if (q32_with_min(kind)) csum[j] += m * side[j][nb + b];
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        const float dot = hsum_ps256(q32_acc_sum(acc, j));
+        const float c = hsum_ps256(cacc[j]) + csum[j];
+        s[(size_t)j * s_stride] = q32_side_offset(kind) ? dot - (float)q32_side_offset(kind) * c
+                                  : q32_with_min(kind)  ? dot + c
+                                                        : dot;
+    }
+}
+
+/* the vec_dot_side entry point of an impl(n, nc, s, s_stride, w, a, a_stride, side, side_stride) */
+#define TR_X86_SIDE_ENTRY(name, kind)                                                              \
+    static __attribute__((unused)) void name(                                                      \
+        int64_t n, int nc, float *restrict s, size_t s_stride, const void *restrict w,             \
+        const void *restrict a, size_t a_stride, const float *restrict side, size_t side_stride) { \
+        switch (nc) {                                                                              \
+        case 1: q32_side_impl(kind, n, 1, s, s_stride, w, a, a_stride, side, side_stride); break;  \
+        case 2: q32_side_impl(kind, n, 2, s, s_stride, w, a, a_stride, side, side_stride); break;  \
+        case 3: q32_side_impl(kind, n, 3, s, s_stride, w, a, a_stride, side, side_stride); break;  \
+        default: q32_side_impl(kind, n, 4, s, s_stride, w, a, a_stride, side, side_stride); break; \
+        }                                                                                          \
+    }
+TR_X86_SIDE_ENTRY(ymm_dot_side_q4_0, Q32_Q4_0)
+TR_X86_SIDE_ENTRY(ymm_dot_side_q5_0, Q32_Q5_0)
+TR_X86_SIDE_ENTRY(ymm_dot_side_q8_0, Q32_Q8_0)
+TR_X86_SIDE_ENTRY(ymm_dot_side_iq4_nl, Q32_IQ4_NL)
+TR_X86_SIDE_ENTRY(ymm_dot_side_mxfp4, Q32_MXFP4)
+TR_X86_SIDE_ENTRY(ymm_dot_side_q4_1, Q32_Q4_1)
+TR_X86_SIDE_ENTRY(ymm_dot_side_q5_1, Q32_Q5_1)
+#undef TR_X86_SIDE_ENTRY
+
+#define Q32_IMPL(kind, fn)                                                                         \
+    TR_ALWAYS_INLINE void fn(int64_t n, const int nc, float *restrict s, size_t ss,                \
+                             const void *restrict w, const void *restrict a, size_t as) {          \
+        q32_impl(kind, n, nc, s, ss, w, a, as);                                                    \
+    }
+Q32_IMPL(Q32_Q4_0, ymm_q4_0_impl)
+Q32_IMPL(Q32_Q5_0, ymm_q5_0_impl)
+Q32_IMPL(Q32_Q8_0, ymm_q8_0_impl)
+Q32_IMPL(Q32_IQ4_NL, ymm_iq4_nl_impl)
+Q32_IMPL(Q32_MXFP4, ymm_mxfp4_impl)
+Q32_IMPL(Q32_Q4_1, ymm_q4_1_impl)
+Q32_IMPL(Q32_Q5_1, ymm_q5_1_impl)
+#undef Q32_IMPL
+
+TR_X86_DOT_ENTRIES(ymm_dot_q4_0, ymm_q4_0_impl)
+TR_X86_DOT_ENTRIES(ymm_dot_q5_0, ymm_q5_0_impl)
+TR_X86_DOT_ENTRIES(ymm_dot_q8_0, ymm_q8_0_impl)
+TR_X86_DOT_ENTRIES(ymm_dot_iq4_nl, ymm_iq4_nl_impl)
+TR_X86_DOT_ENTRIES(ymm_dot_mxfp4, ymm_mxfp4_impl)
+TR_X86_DOT_ENTRIES(ymm_dot_q4_1, ymm_q4_1_impl)
+TR_X86_DOT_ENTRIES(ymm_dot_q5_1, ymm_q5_1_impl)
+
+#endif /* __x86_64__ */
+#endif

@@ -1,0 +1,591 @@
+/*
+ * Every fast kernel family this CPU runs ("avx2", "avx512") against the scalar reference:
+ * vec_dot, vec_dot_nc and vec_dot_side (nc = 1..4) for every supported weight type over random
+ * rows with ragged lengths, the activation side tables (exact), the fast activation quantizers
+ * (must be bit-identical), and tr_matmul on 1, 2 and 3 threads against a naive loop over the
+ * reference dot.
+ *
+ * Tolerance. The integer parts of the quantized dot products are exact in both implementations,
+ * so they can only differ by float rounding: of the block-scale products, of int->float
+ * conversions, and of the summation (the reference sums block terms in double, the fast kernels
+ * in f32 vector lanes plus a horizontal reduction). With u = 2^-24, a sum of terms t_k evaluated
+ * in any order along a chain of at most L additions errs by at most L·u·Σ|t_k| (Higham, recursive
+ * summation; γ_L ≈ L·u for L·u << 1), and forming each term costs at most 2 more roundings (scale
+ * product, int->float); the reference adds at most 3 roundings per term and one final rounding
+ * to f32. Hence
+ *     |fast - ref| <= (L + 5)·u·T + u·|ref|
+ * where T bounds Σ|t_k|. T is computed per element from the dequantized data as Σ W_i·|a_i|,
+ * with W_i the magnitude a kernel carries for weight i: |w_i| in general; |d·sc·q_i| + |dmin·m|
+ * for the types with a min (the two parts are summed separately and may cancel); and for the
+ * types whose kernels multiply unsigned codes and subtract the offset through activation code
+ * sums (Q6_K: q + 32, Q3_K: q + 4; with side tables also Q4_0: q + 8, Q5_0: q + 16, MXFP4:
+ * value + 12), 3·offset·|d·sc_i| (covers the unsigned code plus the offset part). L is
+ * the longest accumulation chain: 2 per block (scale term and min term) plus 16 for the final
+ * reductions; ceil(n/8) + 16 for the float types (at least 8 lanes per vector).
+ *
+ * The check must be able to fail: results of simulated kernel bugs (wrong decode, wrong scale,
+ * lost tail, and on one-block rows a single code step) must be flagged; see check_detects_errors.
+ */
+#include <stdbool.h>
+
+#include "testutil.h"
+
+#include "core/pool.h"
+#include "tensor/fp16.h"
+#include "tensor/kernels.h"
+#include "tensor/matmul.h"
+
+static const tr_type k_types[] = {
+    TR_TYPE_F32,  TR_TYPE_F16,  TR_TYPE_BF16,   TR_TYPE_Q4_0,   TR_TYPE_Q4_1, TR_TYPE_Q5_0,
+    TR_TYPE_Q5_1, TR_TYPE_Q8_0, TR_TYPE_IQ4_NL, TR_TYPE_MXFP4,  TR_TYPE_Q2_K, TR_TYPE_Q3_K,
+    TR_TYPE_Q4_K, TR_TYPE_Q5_K, TR_TYPE_Q6_K,   TR_TYPE_IQ4_XS,
+};
+#define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
+
+static const double k_u = 1.0 / 16777216.0; /* 2^-24, f32 unit roundoff */
+
+static bool is_float_type(tr_type t) {
+    return t == TR_TYPE_F32 || t == TR_TYPE_F16 || t == TR_TYPE_BF16;
+}
+
+/* ----------------------------------------------------------------------------- random data */
+
+static uint16_t rand_half(tu_rng *r, float scale) { return tr_f32_to_f16(tu_uniform(r) * scale); }
+
+static void put_half(uint8_t *p, uint16_t h) { memcpy(p, &h, 2); }
+
+/* offsets of the f16 scale fields inside one block (-1: none) */
+typedef struct {
+    int d, m;
+} half_fields;
+
+static half_fields fields_of(tr_type t) {
+    switch (t) {
+    case TR_TYPE_Q4_0:
+    case TR_TYPE_Q5_0:
+    case TR_TYPE_Q8_0:
+    case TR_TYPE_IQ4_NL:
+    case TR_TYPE_IQ4_XS: return (half_fields){0, -1};
+    case TR_TYPE_Q4_1:
+    case TR_TYPE_Q5_1:
+    case TR_TYPE_Q4_K:
+    case TR_TYPE_Q5_K: return (half_fields){0, 2};
+    case TR_TYPE_Q2_K: return (half_fields){80, 82};
+    case TR_TYPE_Q3_K: return (half_fields){108, -1};
+    case TR_TYPE_Q6_K: return (half_fields){208, -1};
+    default: return (half_fields){-1, -1};
+    }
+}
+
+/* A weight row: random code bytes (every bit pattern is a valid code) with sane finite scales. */
+static void fill_weights(tu_rng *r, tr_type t, void *row, int64_t n) {
+    uint8_t *p = row;
+    if (t == TR_TYPE_F32) {
+        for (int64_t i = 0; i < n; i++) {
+            const float v = tu_normal(r);
+            memcpy(p + 4 * i, &v, 4);
+        }
+        return;
+    }
+    if (t == TR_TYPE_F16 || t == TR_TYPE_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            const float v = tu_normal(r);
+            put_half(p + 2 * i, t == TR_TYPE_F16 ? tr_f32_to_f16(v) : tr_f32_to_bf16(v));
+        }
+        return;
+    }
+    const size_t bytes = tr_type_row_bytes(t, n);
+    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)tu_next(r);
+    const int64_t nb = n / tr_type_block_elems(t);
+    const size_t bb = tr_type_block_bytes(t);
+    const half_fields f = fields_of(t);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *blk = p + (size_t)b * bb;
+        if (t == TR_TYPE_MXFP4) blk[0] = (uint8_t)(118 + tu_next(r) % 16); /* 2^-10 .. 2^5 */
+        if (f.d >= 0) put_half(blk + f.d, rand_half(r, 0.05f));
+        if (f.m >= 0) put_half(blk + f.m, rand_half(r, 0.05f));
+    }
+}
+
+/* Activations: normal values with a random per-row scale, some rows with an outlier. */
+static void fill_acts(tu_rng *r, float *x, int64_t n) {
+    const float scale = 0.01f + 4.0f * fabsf(tu_uniform(r));
+    for (int64_t i = 0; i < n; i++) x[i] = tu_normal(r) * scale;
+    if (tu_next(r) % 4 == 0) x[tu_next(r) % (uint64_t)n] *= 50.0f;
+}
+
+/* --------------------------------------------------------------------------------- tolerance */
+
+static void dequant_act(tr_type vt, const void *aq, float *y, int64_t n) {
+    switch (vt) {
+    case TR_TYPE_Q8_0: tr_dequant_q8_0(aq, y, n); break;
+    case TR_TYPE_Q8_1: tr_dequant_q8_1(aq, y, n); break;
+    case TR_TYPE_Q8_K: tr_dequant_q8_k(aq, y, n); break;
+    default: tr_traits(vt)->to_float(aq, y, n); break;
+    }
+}
+
+/* byte range [lo, hi) of a block that holds only code bits */
+static void code_bytes(tr_type t, int *lo, int *hi) {
+    switch (t) {
+    case TR_TYPE_Q4_0:
+    case TR_TYPE_IQ4_NL: *lo = 2, *hi = 18; return;
+    case TR_TYPE_Q4_1: *lo = 4, *hi = 20; return;
+    case TR_TYPE_Q5_0: *lo = 2, *hi = 22; return;
+    case TR_TYPE_Q5_1: *lo = 4, *hi = 24; return;
+    case TR_TYPE_Q8_0: *lo = 2, *hi = 34; return;
+    case TR_TYPE_MXFP4: *lo = 1, *hi = 17; return;
+    case TR_TYPE_Q2_K: *lo = 16, *hi = 80; return;
+    case TR_TYPE_Q3_K: *lo = 0, *hi = 96; return;
+    case TR_TYPE_Q4_K:
+    case TR_TYPE_Q5_K: *lo = 16, *hi = (int)tr_type_block_bytes(t); return;
+    case TR_TYPE_Q6_K: *lo = 0, *hi = 192; return;
+    case TR_TYPE_IQ4_XS: *lo = 8, *hi = 136; return;
+    default: *lo = *hi = 0; return;
+    }
+}
+
+/* W_i of the header comment, for one weight row */
+static void carried_weights(tr_type t, const void *w, int64_t n, float *W) {
+    const tr_type_traits *tt = tr_traits(t);
+    tt->to_float(w, W, n);
+    for (int64_t i = 0; i < n; i++) W[i] = fabsf(W[i]);
+    const half_fields f = fields_of(t);
+    const size_t bytes = tr_type_row_bytes(t, n);
+    const int64_t nb = n / tt->blck;
+    uint8_t *copy = malloc(bytes);
+    float *tmp = malloc((size_t)n * sizeof(float));
+    if (f.m >= 0) {
+        /* d-part and min-part separately: zero the other scale and dequantize */
+        memcpy(copy, w, bytes);
+        for (int64_t b = 0; b < nb; b++) put_half(copy + (size_t)b * tt->bytes + f.m, 0);
+        tt->to_float(copy, W, n);
+        memcpy(copy, w, bytes);
+        for (int64_t b = 0; b < nb; b++) put_half(copy + (size_t)b * tt->bytes + f.d, 0);
+        tt->to_float(copy, tmp, n);
+        for (int64_t i = 0; i < n; i++) W[i] = fabsf(W[i]) + fabsf(tmp[i]);
+    } else if (t == TR_TYPE_Q6_K || t == TR_TYPE_Q3_K || t == TR_TYPE_Q4_0 || t == TR_TYPE_Q5_0 ||
+               t == TR_TYPE_MXFP4) {
+        /* a probe code whose value is -offset (code 0; MXFP4: nibble 7 = +12) on every element
+         * dequantizes to offset·|d·sc|, hence W_i = 3·|probe_i| */
+        int lo, hi;
+        code_bytes(t, &lo, &hi);
+        memcpy(copy, w, bytes);
+        for (int64_t b = 0; b < nb; b++)
+            memset(copy + (size_t)b * tt->bytes + lo, t == TR_TYPE_MXFP4 ? 0x77 : 0,
+                   (size_t)(hi - lo));
+        tt->to_float(copy, tmp, n);
+        for (int64_t i = 0; i < n; i++) W[i] = 3.0f * fabsf(tmp[i]);
+    }
+    free(copy);
+    free(tmp);
+}
+
+/* T = Σ W_i·|a_i| (double) */
+static double magnitude(tr_type t, const void *w, const void *aq, int64_t n) {
+    float *W = malloc((size_t)n * sizeof(float));
+    float *A = malloc((size_t)n * sizeof(float));
+    carried_weights(t, w, n, W);
+    dequant_act(tr_traits(t)->vec_dot_type, aq, A, n);
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++) m += (double)W[i] * fabs((double)A[i]);
+    free(W);
+    free(A);
+    return m;
+}
+
+static double tolerance(tr_type t, int64_t n, double mag, float ref) {
+    const int64_t blck = tr_type_block_elems(t);
+    const double L =
+        is_float_type(t) ? (double)((n + 7) / 8) + 16.0 : 2.0 * (double)(n / blck) + 16.0;
+    return (L + 5.0) * k_u * mag + k_u * fabs((double)ref);
+}
+
+/* ------------------------------------------------------------------------------- statistics */
+
+typedef struct {
+    double max_rel;   /* max |fast - ref| / T */
+    double max_ratio; /* max |fast - ref| / tolerance */
+    long checks;
+} stat;
+
+static stat g_stat[3][N_TYPES]; /* [family][type] */
+
+static bool within(stat *st, float fast, float ref, double tol, double mag) {
+    const double diff = fabs((double)fast - (double)ref);
+    if (st) {
+        const double rel = mag > 0 ? diff / mag : diff;
+        if (rel > st->max_rel) st->max_rel = rel;
+        const double ratio = tol > 0 ? diff / tol : (diff > 0 ? INFINITY : 0);
+        if (ratio > st->max_ratio) st->max_ratio = ratio;
+        st->checks++;
+    }
+    return isfinite(fast) && diff <= tol;
+}
+
+/* ------------------------------------------------------------------------------ dot products */
+
+/* buffers with an offset from malloc's alignment, so no kernel may rely on aligned rows, and no
+ * slack at the end, so AddressSanitizer sees any read past a row */
+static void *alloc_off(size_t bytes, size_t off) { return (char *)malloc(bytes + off) + off; }
+static void free_off(void *p, size_t off) { free((char *)p - off); }
+
+static size_t row_offset(tr_type t) {
+    if (t == TR_TYPE_F32 || t == TR_TYPE_Q8_K) return 4;
+    if (t == TR_TYPE_MXFP4) return 1;
+    return 2;
+}
+
+/* The matmul path with activation side tables: the tables must hold exactly the block scales and
+ * the code sums (Q8_0) or stored s (Q8_1); vec_dot_side must match the reference for nc = 1..4. */
+static void check_side(const tr_kernels *fast, int fam, int ti, int64_t n, const void *w,
+                       const char *a, size_t astride, const float *refv, const double *mag) {
+    const tr_type t = k_types[ti];
+    const tr_type vt = tr_traits(t)->vec_dot_type;
+    const int64_t nb = n / TR_QK32;
+    TU_CHECK(fast->act_side[vt] != NULL, "%s %s has vec_dot_side but no act_side", fast->isa,
+             tr_type_name(t));
+    if (!fast->act_side[vt]) return;
+    const size_t sstride = 2 * (size_t)nb + 3; /* rows a little apart */
+    float *side = malloc(sizeof(float) * sstride * TR_MAX_NC);
+    const size_t bb = tr_type_block_bytes(vt);
+    for (int j = 0; j < TR_MAX_NC; j++) {
+        const char *row = a + (size_t)j * astride;
+        float *sd = side + (size_t)j * sstride;
+        fast->act_side[vt](row, nb, sd, sd + nb);
+        for (int64_t b = 0; b < nb; b++) {
+            const char *blk = row + (size_t)b * bb;
+            uint16_t d, s2;
+            memcpy(&d, blk, 2);
+            memcpy(&s2, blk + 2, 2);
+            float want = tr_f16_to_f32(s2); /* Q8_1: the stored s */
+            if (vt == TR_TYPE_Q8_0) {
+                int sum = 0;
+                for (int i = 0; i < 32; i++) sum += (int8_t)blk[2 + i];
+                want = (float)sum;
+            }
+            TU_CHECK(sd[b] == tr_f16_to_f32(d) && sd[nb + b] == want,
+                     "%s act_side %s block %lld: %g %g, want %g %g", fast->isa, tr_type_name(vt),
+                     (long long)b, sd[b], sd[nb + b], tr_f16_to_f32(d), want);
+        }
+    }
+    stat *st = &g_stat[fam][ti];
+    for (int nc = 1; nc <= TR_MAX_NC; nc++) {
+        const size_t ss = 3;
+        float s[3 * TR_MAX_NC];
+        for (int i = 0; i < 3 * TR_MAX_NC; i++) s[i] = NAN;
+        fast->vec_dot_side[t](n, nc, s, ss, w, a, astride, side, sstride);
+        for (int j = 0; j < nc; j++) {
+            const double tol = tolerance(t, n, mag[j], refv[j]);
+            TU_CHECK(within(st, s[j * ss], refv[j], tol, mag[j]),
+                     "%s %s vec_dot_side n=%lld nc=%d col %d: %.9g vs ref %.9g (tol %.3g)",
+                     fast->isa, tr_type_name(t), (long long)n, nc, j, s[j * ss], refv[j], tol);
+        }
+        for (int i = 0; i < 3 * TR_MAX_NC; i++)
+            if (i % ss != 0 || i / ss >= (size_t)nc)
+                TU_CHECK(isnan(s[i]), "%s %s vec_dot_side nc=%d wrote outside its outputs (%d)",
+                         fast->isa, tr_type_name(t), nc, i);
+    }
+    free(side);
+}
+
+static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, int ti, int64_t n,
+                       tu_rng *r) {
+    const tr_type t = k_types[ti];
+    const tr_type vt = tr_traits(t)->vec_dot_type;
+    const size_t wbytes = tr_type_row_bytes(t, n);
+    /* activation rows a little apart so a_stride differs from the row size */
+    const size_t abytes = tr_type_row_bytes(vt, n);
+    const size_t astride = abytes + (vt == TR_TYPE_Q8_K || vt == TR_TYPE_F32 ? 4 : 2) * 3;
+    const size_t woff = row_offset(t), aoff = row_offset(vt);
+    void *w = alloc_off(wbytes, woff);
+    char *a = alloc_off(astride * (TR_MAX_NC - 1) + abytes, aoff); /* last row ends the buffer */
+    float *x = malloc((size_t)n * sizeof(float));
+    fill_weights(r, t, w, n);
+    float refv[TR_MAX_NC];
+    double mag[TR_MAX_NC];
+    for (int j = 0; j < TR_MAX_NC; j++) {
+        fill_acts(r, x, n);
+        ref->from_float[vt](x, a + (size_t)j * astride, n);
+        ref->vec_dot[t](n, &refv[j], w, a + (size_t)j * astride);
+        mag[j] = magnitude(t, w, a + (size_t)j * astride, n);
+    }
+    stat *st = &g_stat[fam][ti];
+    for (int j = 0; j < TR_MAX_NC; j++) {
+        float s = NAN;
+        fast->vec_dot[t](n, &s, w, a + (size_t)j * astride);
+        const double tol = tolerance(t, n, mag[j], refv[j]);
+        TU_CHECK(within(st, s, refv[j], tol, mag[j]),
+                 "%s %s vec_dot n=%lld col %d: %.9g vs ref %.9g (tol %.3g)", fast->isa,
+                 tr_type_name(t), (long long)n, j, s, refv[j], tol);
+    }
+    if (fast->vec_dot_nc[t]) {
+        for (int nc = 1; nc <= TR_MAX_NC; nc++) {
+            const size_t ss = 3; /* output stride, as for M rows of a matmul */
+            float s[3 * TR_MAX_NC];
+            for (int i = 0; i < 3 * TR_MAX_NC; i++) s[i] = NAN;
+            fast->vec_dot_nc[t](n, nc, s, ss, w, a, astride);
+            for (int j = 0; j < nc; j++) {
+                const double tol = tolerance(t, n, mag[j], refv[j]);
+                TU_CHECK(within(st, s[j * ss], refv[j], tol, mag[j]),
+                         "%s %s vec_dot_nc n=%lld nc=%d col %d: %.9g vs ref %.9g (tol %.3g)",
+                         fast->isa, tr_type_name(t), (long long)n, nc, j, s[j * ss], refv[j], tol);
+            }
+            for (int i = 0; i < 3 * TR_MAX_NC; i++)
+                if (i % ss != 0 || i / ss >= (size_t)nc)
+                    TU_CHECK(isnan(s[i]), "%s %s vec_dot_nc nc=%d wrote outside its outputs (%d)",
+                             fast->isa, tr_type_name(t), nc, i);
+        }
+    }
+    if (fast->vec_dot_side[t]) check_side(fast, fam, ti, n, w, a, astride, refv, mag);
+    free_off(w, woff);
+    free_off(a, aoff);
+    free(x);
+}
+
+/* Negative control: results of simulated kernel bugs must fail the check. The bugs are made on
+ * the reference (so they are exactly what a broken kernel would return for these inputs):
+ *   decode - every code byte of the last block XOR 0x11 (two nibbles / bit fields off by one
+ *            step); float types: the last 8 elements with the sign flipped
+ *   scale  - the last block's scale doubled or halved (f16 exponent bit, E8M0 LSB)
+ *   tail   - the last block (float types: the last 7 elements) left out
+ *   step   - one-block rows only: one code byte XOR 0x11 (one step on two elements)
+ * A single simulated bug can be invisible by chance (a block's signed sum near zero, a random
+ * sub-block scale of 0, two steps that cancel), so each is tried on 8 random rows and must be
+ * flagged on at least 6. */
+enum { BUG_DECODE, BUG_SCALE, BUG_TAIL, BUG_STEP, BUG_COUNT };
+
+/* 1: flagged, 0: passed the check, -1: bug kind not applicable */
+static int detects_error(const tr_kernels *ref, int ti, int64_t n, int bug, tu_rng *r) {
+    const tr_type t = k_types[ti];
+    const tr_type vt = tr_traits(t)->vec_dot_type;
+    const bool flt = is_float_type(t);
+    const int64_t blck = tr_type_block_elems(t);
+    if (bug == BUG_SCALE && flt) return -1;
+    if (bug == BUG_STEP && (flt || n != blck)) return -1;
+    const size_t wbytes = tr_type_row_bytes(t, n), bb = tr_type_block_bytes(t);
+    uint8_t *w = malloc(wbytes);
+    uint8_t *wbad = malloc(wbytes);
+    void *a = malloc(tr_type_row_bytes(vt, n));
+    float *x = malloc((size_t)n * sizeof(float));
+    fill_weights(r, t, w, n);
+    if (!flt) {
+        /* the bugged block gets a full-size scale: a block whose random scale is near zero
+         * contributes nothing measurable, so no check could see its bugs */
+        uint8_t *blk = w + wbytes - bb;
+        const half_fields f = fields_of(t);
+        if (t == TR_TYPE_MXFP4) blk[0] = 133;
+        if (f.d >= 0) put_half(blk + f.d, tr_f32_to_f16(tu_uniform(r) < 0 ? -0.05f : 0.05f));
+        if (f.m >= 0) put_half(blk + f.m, tr_f32_to_f16(0.05f));
+    }
+    fill_acts(r, x, n);
+    ref->from_float[vt](x, a, n);
+    memcpy(wbad, w, wbytes);
+    int64_t nbad = n;
+    uint8_t *last = wbad + wbytes - bb; /* flt: bb is the element size */
+    int lo, hi;
+    code_bytes(t, &lo, &hi);
+    switch (bug) {
+    case BUG_DECODE:
+        if (flt)
+            for (int64_t i = n < 8 ? 0 : n - 8; i < n; i++) wbad[(size_t)i * bb + bb - 1] ^= 0x80;
+        else
+            for (int i = lo; i < hi; i++) last[i] ^= 0x11;
+        break;
+    case BUG_SCALE:
+        if (t == TR_TYPE_MXFP4)
+            last[0] ^= 1;
+        else
+            last[fields_of(t).d + 1] ^= 0x04;
+        break;
+    case BUG_TAIL: nbad = flt ? (n > 7 ? n - 7 : 0) : n - blck; break;
+    default: last[(lo + hi) / 2] ^= 0x11; break;
+    }
+    float good, bad = 0.0f;
+    ref->vec_dot[t](n, &good, w, a);
+    if (nbad > 0) ref->vec_dot[t](nbad, &bad, wbad, a);
+    const double mag = magnitude(t, w, a, n);
+    const double tol = tolerance(t, n, mag, good);
+    free(w);
+    free(wbad);
+    free(a);
+    free(x);
+    return !within(NULL, bad, good, tol, mag);
+}
+
+/* --------------------------------------------------------------------------- quantizers */
+
+static void check_quantizers(const tr_kernels *ref, const tr_kernels *fast, tu_rng *r) {
+    const tr_type vts[] = {TR_TYPE_Q8_0, TR_TYPE_Q8_1, TR_TYPE_Q8_K, TR_TYPE_F16, TR_TYPE_BF16};
+    for (size_t v = 0; v < sizeof vts / sizeof vts[0]; v++) {
+        const tr_type vt = vts[v];
+        if (fast->from_float[vt] == ref->from_float[vt]) continue;
+        const int64_t blck = tr_type_block_elems(vt);
+        long cases = 0;
+        for (int rep = 0; rep < 300; rep++) {
+            const int64_t n = blck * (1 + (int64_t)(tu_next(r) % (blck == 1    ? 600
+                                                                  : blck == 32 ? 40
+                                                                               : 6)));
+            float *x = malloc((size_t)n * sizeof(float));
+            const size_t bytes = tr_type_row_bytes(vt, n);
+            uint8_t *q0 = malloc(bytes), *q1 = malloc(bytes);
+            /* magnitudes from f16-subnormal d to large, exact zeros, ties in |max|, and values
+             * that land on .5 after scaling */
+            const int kind = rep % 6;
+            const float scale = kind == 0 ? 1e-6f : kind == 1 ? 3e3f : 1.0f;
+            for (int64_t i = 0; i < n; i++) x[i] = tu_normal(r) * scale;
+            if (kind == 2) memset(x, 0, (size_t)(n < 300 ? n : 300) * sizeof(float));
+            if (kind == 3)
+                for (int64_t i = 0; i + 8 < n; i += 37) x[i + 7] = -x[i];
+            if (kind == 4) /* max 127 exactly: x·127/127 puts many values on .5 */
+                for (int64_t i = 0; i < n; i++)
+                    x[i] = (float)((int)(tu_next(r) % 255) - 127) * 0.5f;
+            if (kind == 5) /* the largest magnitude appears twice with opposite signs */
+                for (int64_t b = 0; b + blck <= n; b += blck) {
+                    x[b + 3] = 100.0f;
+                    x[b + blck - 1] = -100.0f;
+                }
+            ref->from_float[vt](x, q0, n);
+            fast->from_float[vt](x, q1, n);
+            TU_CHECK(memcmp(q0, q1, bytes) == 0,
+                     "%s from_float %s differs from the reference (n=%lld case %d)", fast->isa,
+                     tr_type_name(vt), (long long)n, kind);
+            cases++;
+            free(x);
+            free(q0);
+            free(q1);
+        }
+        printf("  %-6s from_float %-5s bit-identical to the reference on %ld rows\n", fast->isa,
+               tr_type_name(vt), cases);
+    }
+}
+
+/* ------------------------------------------------------------------------------------ matmul */
+
+static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *pool, int fam, int ti,
+                         int64_t N, int64_t M, tu_rng *r) {
+    const tr_type t = k_types[ti];
+    const tr_type vt = tr_traits(t)->vec_dot_type;
+    const int64_t blck = tr_type_block_elems(t);
+    const int64_t K = is_float_type(t) ? 133 : blck == 32 ? 7 * 32 : 2 * 256;
+    const size_t rb = tr_type_row_bytes(t, K);
+    uint8_t *wdata = malloc(rb * (size_t)N);
+    for (int64_t i = 0; i < N; i++) fill_weights(r, t, wdata + (size_t)i * rb, K);
+    float *x = malloc(sizeof(float) * (size_t)(M * K));
+    for (int64_t m = 0; m < M; m++) fill_acts(r, x + m * K, K);
+    float *y = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * N; i++) y[i] = NAN;
+    void *scratch = malloc(tr_matmul_scratch_size(t, K, M));
+    const tr_mat W = {.type = t, .n_in = K, .n_out = N, .data = wdata, .row_bytes = rb};
+    tr_matmul(pool, k, &W, x, M, y, scratch);
+    void *aq = malloc(tr_type_row_bytes(vt, K));
+    int bad = 0;
+    for (int64_t m = 0; m < M; m++) {
+        ref->from_float[vt](x + m * K, aq, K);
+        for (int64_t i = 0; i < N; i++) {
+            float want;
+            ref->vec_dot[t](K, &want, wdata + (size_t)i * rb, aq);
+            const double mag = magnitude(t, wdata + (size_t)i * rb, aq, K);
+            const double tol = tolerance(t, K, mag, want);
+            if (!within(&g_stat[fam][ti], y[m * N + i], want, tol, mag) && bad++ < 3)
+                TU_CHECK(false,
+                         "%s matmul %s threads=%d M=%lld N=%lld y[%lld][%lld] = %.9g, want %.9g",
+                         k->isa, tr_type_name(t), tr_pool_size(pool), (long long)M, (long long)N,
+                         (long long)m, (long long)i, y[m * N + i], want);
+        }
+    }
+    free(aq);
+    free(scratch);
+    free(y);
+    free(x);
+    free(wdata);
+}
+
+/* ------------------------------------------------------------------------------------- main */
+
+int main(void) {
+    tu_rng r = {0x5eed1234u};
+    const tr_kernels *ref = tr_kernels_by_name("scalar");
+    const char *fam_names[3] = {"scalar", "avx2", "avx512"};
+    const tr_kernels *fams[3];
+    for (int f = 0; f < 3; f++) fams[f] = tr_kernels_by_name(fam_names[f]);
+    TU_CHECK(ref != NULL, "no scalar family");
+    printf("test_kernels: best family on this CPU: %s\n", tr_kernels_best()->isa);
+
+    /* the check itself must catch simulated kernel bugs */
+    static const char *bug_names[] = {"decode", "scale", "tail", "step"};
+    int min_hits = 8;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const int64_t blck = tr_type_block_elems(k_types[ti]);
+        const int64_t ns[] = {is_float_type(k_types[ti]) ? 37 : blck, blck * 3,
+                              is_float_type(k_types[ti]) ? 1000 : blck * (blck == 32 ? 156 : 19)};
+        for (int i = 0; i < 3; i++)
+            for (int bug = 0; bug < BUG_COUNT; bug++) {
+                int hits = 0, tried = 0;
+                for (int rep = 0; rep < 8; rep++) {
+                    const int d = detects_error(ref, ti, ns[i], bug, &r);
+                    if (d >= 0) tried++, hits += d;
+                }
+                if (!tried) continue;
+                if (hits < min_hits) min_hits = hits;
+                TU_CHECK(hits >= 6,
+                         "%s n=%lld: a simulated %s bug passed the check on %d of 8 rows",
+                         tr_type_name(k_types[ti]), (long long)ns[i], bug_names[bug], 8 - hits);
+            }
+    }
+    printf("  simulated kernel bugs: each kind flagged on >= %d of 8 random rows\n", min_hits);
+
+    /* row lengths: every tail case of the float loops (16/64-element steps, 8/16-element
+     * vectors), and for block types 1, 2, 3 ... blocks, odd counts and a few thousand elements */
+    static const int64_t n_float[] = {1,  2,  3,  5,  7,  8,   9,   15,  16,  17,   31,   32,  33,
+                                      47, 63, 64, 65, 79, 127, 128, 129, 255, 1000, 4097, 5000};
+    static const int64_t nb_32[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 100, 156};
+    static const int64_t nb_256[] = {1, 2, 3, 4, 5, 7, 16, 19};
+    for (int f = 1; f < 3; f++) {
+        if (!fams[f]) {
+            printf("  %-6s not available on this CPU/build: skipped\n", fam_names[f]);
+            continue;
+        }
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            const tr_type t = k_types[ti];
+            const int64_t blck = tr_type_block_elems(t);
+            const int64_t *ns = is_float_type(t) ? n_float : blck == 32 ? nb_32 : nb_256;
+            const int cnt = is_float_type(t) ? (int)(sizeof n_float / sizeof n_float[0])
+                            : blck == 32     ? (int)(sizeof nb_32 / sizeof nb_32[0])
+                                             : (int)(sizeof nb_256 / sizeof nb_256[0]);
+            for (int i = 0; i < cnt; i++)
+                for (int rep = 0; rep < 3; rep++)
+                    check_dots(ref, fams[f], f, ti, is_float_type(t) ? ns[i] : ns[i] * blck, &r);
+        }
+        check_quantizers(ref, fams[f], &r);
+    }
+
+    /* matmul: every family (scalar included: it checks the row/column splitting itself) */
+    for (int nth = 1; nth <= 3; nth++) {
+        tr_pool *pool = NULL;
+        tr_error err;
+        TU_CHECK(tr_pool_create(nth, &pool, &err) == TR_OK, "pool of %d", nth);
+        if (!pool) continue;
+        /* (M, N): N not a multiple of the row chunk (N / (8·threads)); N = 300 gives chunks of
+         * several row tiles plus a ragged one, and M = 9 column groups of 4, 4 and 1 */
+        static const int64_t shapes[][2] = {{1, 61}, {3, 37}, {5, 61}, {8, 37}, {9, 300}};
+        for (int f = 0; f < 3; f++) {
+            if (!fams[f]) continue;
+            for (int ti = 0; ti < N_TYPES; ti++)
+                for (int si = 0; si < 5; si++)
+                    check_matmul(ref, fams[f], pool, f, ti, shapes[si][1], shapes[si][0], &r);
+        }
+        tr_pool_free(pool);
+    }
+
+    printf("  %-7s %-6s %12s %10s %8s\n", "type", "family", "max rel err", "of tol", "checks");
+    for (int f = 0; f < 3; f++) {
+        if (!fams[f]) continue;
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            const stat *st = &g_stat[f][ti];
+            printf("  %-7s %-6s %12.3g %9.1f%% %8ld\n", tr_type_name(k_types[ti]), fam_names[f],
+                   st->max_rel, 100.0 * st->max_ratio, st->checks);
+        }
+    }
+    return tu_result("test_kernels");
+}
