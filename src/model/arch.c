@@ -31,10 +31,44 @@ static tr_status gemma3_hook(tr_model *m, tr_error *err) {
     return TR_OK;
 }
 
+/* gpt-oss: even layers use the sliding window (required), odd ones attend to everything */
+static tr_status gpt_oss_hook(tr_model *m, tr_error *err) {
+    if (m->hp.n_swa <= 0)
+        return tr_fail(err, TR_E_FORMAT, "gpt-oss needs gpt-oss.attention.sliding_window > 0");
+    for (int32_t l = 0; l < m->hp.n_layer; l++) m->layers[l].swa = (l % 2) == 0;
+    return TR_OK;
+}
+
+/* phimoe: LongRoPE factors (long when the session's context exceeds the original one), q is
+ * pre-scaled by 1/sqrt(head_dim); cos/sin carry rope.scaling.attn_factor (read with the other
+ * RoPE keys) */
+static tr_status phimoe_hook(tr_model *m, tr_error *err) {
+    if (!m->rope_factors_long || !m->rope_factors_short) {
+        if (m->rope_factors_long || m->rope_factors_short)
+            return tr_fail(err, TR_E_FORMAT, "phimoe: rope_factors_long and rope_factors_short "
+                                             "must come together");
+    }
+    return TR_OK;
+}
+
 static const tr_arch k_archs[] = {
-    {.name = "llama", .rope = TR_ROPE_NORM, .act = TR_ACT_SILU},
+    /* llama with expert_count > 0 is Mixtral-style MoE */
+    {.name = "llama", .rope = TR_ROPE_NORM, .act = TR_ACT_SILU, .expert_act = TR_ACT_SILU,
+     .route = TR_ROUTE_SOFTMAX_TOPK_NORM},
     {.name = "qwen2", .rope = TR_ROPE_NEOX, .act = TR_ACT_SILU, .qkv_bias = true},
     {.name = "qwen3", .rope = TR_ROPE_NEOX, .act = TR_ACT_SILU, .qk_norm = TR_QKNORM_HEAD},
+    {.name = "qwen2moe", .rope = TR_ROPE_NEOX, .act = TR_ACT_SILU, .qkv_bias = true,
+     .expert_act = TR_ACT_SILU, .route = TR_ROUTE_SOFTMAX_TOPK, .expert_ff_key = true},
+    {.name = "qwen3moe", .rope = TR_ROPE_NEOX, .act = TR_ACT_SILU, .qk_norm = TR_QKNORM_HEAD,
+     .expert_act = TR_ACT_SILU, .route = TR_ROUTE_SOFTMAX_TOPK_NORM, .expert_ff_key = true},
+    {.name = "olmoe", .rope = TR_ROPE_NEOX, .act = TR_ACT_SILU, .qk_norm = TR_QKNORM_FULL,
+     .expert_act = TR_ACT_SILU, .route = TR_ROUTE_SOFTMAX_TOPK},
+    {.name = "phimoe", .rope = TR_ROPE_NEOX, .act = TR_ACT_SILU, .qkv_bias = true,
+     .norm_bias = true, .q_prescale = true, .expert_act = TR_ACT_SILU,
+     .route = TR_ROUTE_SOFTMAX_TOPK_NORM, .hook = phimoe_hook},
+    {.name = "gpt-oss", .rope = TR_ROPE_NEOX, .act = TR_ACT_SILU, .qkv_bias = true,
+     .attn_sinks = true, .expert_act = TR_ACT_SWIGLU_OAI, .route = TR_ROUTE_TOPK_SOFTMAX,
+     .ffn_norm_name = "post_attention_norm", .expert_ff_key = true, .hook = gpt_oss_hook},
     {.name = "gemma3",
      .rope = TR_ROPE_NEOX,
      .act = TR_ACT_GELU,

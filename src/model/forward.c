@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "model/moe.h"
 #include "model/ops.h"
 #include "model/session.h"
 #include "tensor/fp16.h"
@@ -22,6 +23,18 @@ static void add_bias(float *y, const float *b, int32_t rows, int64_t n, int64_t 
 static void matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x, int32_t rows,
                    float *y) {
     tr_matmul(m->pool, m->kern, W, x, rows, y, sc->mm);
+}
+
+/* RMSNorm with an optional bias (phimoe: llama.cpp applies RMSNorm, then the weight, then the
+ * bias, although HF's PhiMoE uses LayerNorm) */
+static void norm_rows(const tr_model *m, float *y, const float *x, const float *w, const float *b,
+                      int32_t rows) {
+    const int64_t E = m->hp.n_embd;
+    for (int32_t r = 0; r < rows; r++) {
+        tr_rmsnorm(y + r * E, x + r * E, w, E, m->hp.rms_eps);
+        if (b)
+            for (int64_t i = 0; i < E; i++) y[r * E + i] += b[i];
+    }
 }
 
 /* y[r * stride + i] = (W x_r)[i] for i < n: matmul writes packed rows, spread them if needed */
@@ -80,12 +93,16 @@ static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
         scores[t] = v;
         if (v > mx) mx = v;
     }
+    /* gpt-oss sinks: an extra logit per head in the denominator, with no value vector */
+    const float sink = L->sinks ? L->sinks[h] : -INFINITY;
+    if (sink > mx) mx = sink;
     double sum = 0.0;
     for (int32_t t = 0; t < n; t++) {
         const float e = expf(scores[t] - mx);
         scores[t] = e;
         sum += (double)e;
     }
+    if (L->sinks) sum += (double)expf(sink - mx);
     const float inv = (float)(1.0 / sum);
     for (int32_t t = 0; t < n; t++) p16[t] = tr_f32_to_f16(scores[t] * inv);
 
@@ -132,8 +149,7 @@ static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows
                   v_stride = (int64_t)hp->n_head_kv_max * hdv;
     const int64_t E = hp->n_embd;
 
-    for (int32_t r = 0; r < rows; r++)
-        tr_rmsnorm(sc->xn + r * E, sc->x + r * E, L->attn_norm, E, hp->rms_eps);
+    norm_rows(m, sc->xn, sc->x, L->attn_norm, L->attn_norm_b, rows);
 
     /* projections; with per-layer head counts below the maximum the outputs are re-spread to
      * the buffers' row strides */
@@ -144,8 +160,14 @@ static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows
     add_bias(sc->k, L->bk, rows, nk, k_stride);
     add_bias(sc->v, L->bv, rows, nv, v_stride);
 
-    const tr_rope_params rp = layer_rope(m, L);
+    tr_rope_params rp = layer_rope(m, L);
     for (int32_t r = 0; r < rows; r++) {
+        if (m->rope_factors_long) {
+            /* llama.cpp compares its context size, which it pads to a multiple of 256 */
+            const int64_t n_ctx_pad = ((int64_t)sc->row_sess[r]->n_ctx + 255) / 256 * 256;
+            rp.freq_factors = n_ctx_pad > hp->rope_n_ctx_orig ? m->rope_factors_long
+                                                              : m->rope_factors_short;
+        }
         float *q = sc->q + r * q_stride, *k = sc->k + r * k_stride;
         if (m->arch->qk_norm == TR_QKNORM_HEAD) {
             for (int32_t h = 0; h < L->n_head; h++)
@@ -193,23 +215,28 @@ static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows
     }
 }
 
-static void ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
+static tr_status ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, tr_error *err) {
     const tr_hparams *hp = &m->hp;
     const tr_layer *L = &m->layers[l];
     const int64_t E = hp->n_embd, F = L->n_ff;
-    for (int32_t r = 0; r < rows; r++)
-        tr_rmsnorm(sc->xn + r * E, sc->x + r * E, L->ffn_norm, E, hp->rms_eps);
-    matmul(m, sc, &L->ffn_gate, sc->xn, rows, sc->g);
-    matmul(m, sc, &L->ffn_up, sc->xn, rows, sc->u);
-    if (m->arch->act == TR_ACT_GELU) tr_geglu(sc->g, sc->u, rows * F);
-    else tr_swiglu(sc->g, sc->u, rows * F);
-    matmul(m, sc, &L->ffn_down, sc->g, rows, sc->o);
+    norm_rows(m, sc->xn, sc->x, L->ffn_norm, L->ffn_norm_b, rows);
+    if (L->moe) {
+        tr_status s = tr_moe_ffn(m, sc, l, rows, sc->o, err);
+        if (s) return s;
+    } else {
+        matmul(m, sc, &L->ffn_gate, sc->xn, rows, sc->g);
+        matmul(m, sc, &L->ffn_up, sc->xn, rows, sc->u);
+        if (m->arch->act == TR_ACT_GELU) tr_geglu(sc->g, sc->u, rows * F);
+        else tr_swiglu(sc->g, sc->u, rows * F);
+        matmul(m, sc, &L->ffn_down, sc->g, rows, sc->o);
+    }
     for (int32_t r = 0; r < rows; r++) {
         float *o = sc->o + r * E;
         if (L->post_ffw_norm) tr_rmsnorm(o, o, L->post_ffw_norm, E, hp->rms_eps);
         float *x = sc->x + r * E;
         for (int64_t i = 0; i < E; i++) x[i] += o[i];
     }
+    return TR_OK;
 }
 
 tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *tokens,
@@ -230,13 +257,14 @@ tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *t
     }
     for (int32_t l = 0; l < hp->n_layer; l++) {
         attention_block(m, sc, l, rows);
-        ffn_block(m, sc, l, rows);
+        tr_status s = ffn_block(m, sc, l, rows, err);
+        if (s) return s;
     }
     if (logits_rows <= 0) return TR_OK;
     const int32_t first = rows - logits_rows;
-    for (int32_t r = first; r < rows; r++)
-        tr_rmsnorm(sc->xn + (r - first) * E, sc->x + r * E, m->output_norm, E, hp->rms_eps);
+    norm_rows(m, sc->xn, sc->x + (size_t)first * E, m->output_norm, m->output_norm_b, logits_rows);
     matmul(m, sc, &m->output, sc->xn, logits_rows, logits);
+    add_bias(logits, m->output_b, logits_rows, hp->n_vocab, hp->n_vocab);
     if (hp->final_logit_softcap > 0.0f) {
         const float c = hp->final_logit_softcap;
         for (int64_t i = 0; i < (int64_t)logits_rows * hp->n_vocab; i++)

@@ -128,10 +128,38 @@ static tr_status load_hparams(tr_model *m, int32_t *n_head, int32_t *n_head_kv, 
         if (n_head[l] > hp->n_head_max) hp->n_head_max = n_head[l];
         if (n_head_kv[l] > hp->n_head_kv_max) hp->n_head_kv_max = n_head_kv[l];
         if (n_ff[l] > hp->n_ff_max) hp->n_ff_max = n_ff[l];
+    }
+    /* mixture of experts */
+    hp->n_expert = hp->n_expert_used = hp->n_ff_exp = hp->n_ff_shexp = 0;
+    if (tr_model_key_int(m, "expert_count", &v) && v > 0) {
+        if (v > 65536)
+            return tr_fail(err, TR_E_FORMAT, "%s.expert_count = %" PRId64 " is out of range",
+                           m->arch_name, v);
+        hp->n_expert = (int32_t)v;
+        if ((s = need_int(m, "expert_used_count", 1, hp->n_expert < 64 ? hp->n_expert : 64, &v,
+                          err)))
+            return s;
+        hp->n_expert_used = (int32_t)v;
+        if (m->arch->expert_ff_key) {
+            int64_t w = n_ff[0] / hp->n_expert_used; /* llama.cpp's default */
+            tr_model_key_int(m, "expert_feed_forward_length", &w);
+            if (w <= 0 || w > (1 << 24))
+                return tr_fail(err, TR_E_FORMAT, "missing or bad %s.expert_feed_forward_length",
+                               m->arch_name);
+            hp->n_ff_exp = (int32_t)w;
+        } else {
+            hp->n_ff_exp = n_ff[0];
+        }
+        int64_t sh = n_ff[0];
+        tr_model_key_int(m, "expert_shared_feed_forward_length", &sh);
+        hp->n_ff_shexp = (int32_t)(sh > 0 && sh < (1 << 24) ? sh : 0);
+        if (hp->n_ff_exp > hp->n_ff_max) hp->n_ff_max = hp->n_ff_exp;
+        if (hp->n_ff_shexp > hp->n_ff_max) hp->n_ff_max = hp->n_ff_shexp;
+    }
+    for (int32_t l = 0; l < hp->n_layer && hp->n_expert == 0; l++)
         if (n_ff[l] <= 0)
             return tr_fail(err, TR_E_FORMAT, "missing or zero %s.feed_forward_length (layer %d)",
                            m->arch_name, l);
-    }
     const int64_t hd_default = hp->n_embd / hp->n_head_max;
     hp->head_dim_k = (int32_t)hd_default;
     hp->head_dim_v = (int32_t)hd_default;
@@ -295,6 +323,81 @@ static tr_status bind_vec(tr_model *m, const float **out, const char *name, int6
     return TR_OK;
 }
 
+/* a stacked expert tensor [n_in, n_out, n_expert] and its optional bias [n_out, n_expert] */
+static tr_status bind_exps(tr_model *m, tr_exps *out, const char *name, const char *bias_name,
+                           int64_t n_in, int64_t n_out, tr_error *err) {
+    memset(out, 0, sizeof *out);
+    const int64_t n_exp = m->hp.n_expert;
+    const tr_tensor_info *t = find(m, name);
+    if (!t)
+        return tr_fail(err, TR_E_FORMAT, "missing tensor '%s' (required by %s MoE layers)", name,
+                       m->arch->name);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_exp || t->ne[3] != 1)
+        return tr_fail(err, TR_E_FORMAT,
+                       "tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                       "], expected [%" PRId64 ", %" PRId64 ", %" PRId64 "]",
+                       name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], n_in, n_out, n_exp);
+    if (!tr_type_supported(t->type))
+        return tr_fail(err, TR_E_UNSUPPORTED, "tensor '%s' has type %s, which terrace cannot compute",
+                       name, tr_type_name(t->type));
+    out->type = t->type;
+    out->n_in = n_in;
+    out->n_out = n_out;
+    out->row_bytes = tr_type_row_bytes(t->type, n_in);
+    out->expert_bytes = out->row_bytes * (size_t)n_out;
+    out->base = tensor_ptr(m, t);
+    out->shard = t->shard;
+    out->file_offset = t->file_offset;
+    if (bias_name) {
+        const tr_tensor_info *b = find(m, bias_name);
+        if (b) {
+            if (b->ne[0] != n_out || b->ne[1] != n_exp || b->ne[2] != 1 || b->ne[3] != 1)
+                return tr_fail(err, TR_E_FORMAT, "tensor '%s' has shape [%" PRId64 ", %" PRId64
+                               "], expected [%" PRId64 ", %" PRId64 "]", bias_name, b->ne[0],
+                               b->ne[1], n_out, n_exp);
+            float *f = own(m, (size_t)(n_out * n_exp) * sizeof *f);
+            if (!f) return tr_fail(err, TR_E_NOMEM, "out of memory converting '%s'", bias_name);
+            tr_status s = tr_dequantize(b->type, tensor_ptr(m, b), f, n_out * n_exp, err);
+            if (s) return s;
+            out->bias = f;
+        }
+    }
+    return TR_OK;
+}
+
+static tr_status bind_moe(tr_model *m, tr_layer *L, int32_t l, tr_error *err) {
+    const tr_hparams *hp = &m->hp;
+    char n1[96], n2[96];
+    tr_status s;
+#define NAME(buf, fmt) (snprintf(buf, sizeof buf, "blk.%d." fmt, l), buf)
+    L->moe = true;
+    if ((s = bind_mat(m, &L->router, NAME(n1, "ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
+                      true, err)) ||
+        (s = bind_vec(m, &L->router_b, NAME(n1, "ffn_gate_inp.bias"), hp->n_expert, false, err)) ||
+        (s = bind_exps(m, &L->gate_exps, NAME(n1, "ffn_gate_exps.weight"),
+                       NAME(n2, "ffn_gate_exps.bias"), hp->n_embd, hp->n_ff_exp, err)) ||
+        (s = bind_exps(m, &L->up_exps, NAME(n1, "ffn_up_exps.weight"),
+                       NAME(n2, "ffn_up_exps.bias"), hp->n_embd, hp->n_ff_exp, err)) ||
+        (s = bind_exps(m, &L->down_exps, NAME(n1, "ffn_down_exps.weight"),
+                       NAME(n2, "ffn_down_exps.bias"), hp->n_ff_exp, hp->n_embd, err)))
+        return s;
+    if (find(m, NAME(n1, "ffn_gate_shexp.weight"))) {
+        if (hp->n_ff_shexp <= 0)
+            return tr_fail(err, TR_E_FORMAT, "shared expert present but no expert_shared_feed_forward_length");
+        if ((s = bind_mat(m, &L->shexp_gate, NAME(n1, "ffn_gate_shexp.weight"), hp->n_embd,
+                          hp->n_ff_shexp, true, err)) ||
+            (s = bind_mat(m, &L->shexp_up, NAME(n1, "ffn_up_shexp.weight"), hp->n_embd,
+                          hp->n_ff_shexp, true, err)) ||
+            (s = bind_mat(m, &L->shexp_down, NAME(n1, "ffn_down_shexp.weight"), hp->n_ff_shexp,
+                          hp->n_embd, true, err)) ||
+            (s = bind_vec(m, &L->shexp_gate_inp, NAME(n1, "ffn_gate_inp_shexp.weight"),
+                          hp->n_embd, false, err)))
+            return s;
+    }
+#undef NAME
+    return TR_OK;
+}
+
 static tr_status bind_weights(tr_model *m, tr_error *err) {
     const tr_hparams *hp = &m->hp;
     tr_status s;
@@ -312,6 +415,13 @@ static tr_status bind_weights(tr_model *m, tr_error *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
     if ((s = bind_vec(m, &m->output_norm, "output_norm.weight", hp->n_embd, true, err))) return s;
     if ((s = bind_vec(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, false, err))) return s;
+    if ((s = bind_vec(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, false, err)) ||
+        (s = bind_vec(m, &m->output_b, "output.bias", hp->n_vocab, false, err)) ||
+        (s = bind_vec(m, &m->rope_factors_long, "rope_factors_long.weight", hp->n_rot / 2, false,
+                      err)) ||
+        (s = bind_vec(m, &m->rope_factors_short, "rope_factors_short.weight", hp->n_rot / 2,
+                      false, err)))
+        return s;
 
     const tr_arch *a = m->arch;
     for (int32_t l = 0; l < hp->n_layer; l++) {
@@ -321,6 +431,12 @@ static tr_status bind_weights(tr_model *m, tr_error *err) {
         const int64_t nv = (int64_t)L->n_head_kv * hp->head_dim_v;
         const int64_t no = (int64_t)L->n_head * hp->head_dim_v;
 #define NAME(fmt) (snprintf(n1, sizeof n1, "blk.%d." fmt, l), n1)
+        if (a->norm_bias &&
+            (s = bind_vec(m, &L->attn_norm_b, NAME("attn_norm.bias"), hp->n_embd, true, err)))
+            return s;
+        if (a->attn_sinks &&
+            (s = bind_vec(m, &L->sinks, NAME("attn_sinks.weight"), L->n_head, true, err)))
+            return s;
         if ((s = bind_vec(m, &L->attn_norm, NAME("attn_norm.weight"), hp->n_embd, true, err)) ||
             (s = bind_mat(m, &L->wq, NAME("attn_q.weight"), hp->n_embd, nq, true, err)) ||
             (s = bind_mat(m, &L->wk, NAME("attn_k.weight"), hp->n_embd, nk, true, err)) ||
@@ -345,8 +461,20 @@ static tr_status bind_weights(tr_model *m, tr_error *err) {
              (s = bind_vec(m, &L->post_ffw_norm, NAME("post_ffw_norm.weight"), hp->n_embd, true,
                            err))))
             return s;
-        if ((s = bind_vec(m, &L->ffn_norm, NAME("ffn_norm.weight"), hp->n_embd, true, err)) ||
-            (s = bind_mat(m, &L->ffn_gate, NAME("ffn_gate.weight"), hp->n_embd, L->n_ff, true, err)) ||
+        const char *fnorm = a->ffn_norm_name ? a->ffn_norm_name : "ffn_norm";
+        snprintf(n1, sizeof n1, "blk.%d.%s.weight", l, fnorm);
+        if ((s = bind_vec(m, &L->ffn_norm, n1, hp->n_embd, true, err))) return s;
+        snprintf(n1, sizeof n1, "blk.%d.%s.bias", l, fnorm);
+        if ((s = bind_vec(m, &L->ffn_norm_b, n1, hp->n_embd, a->norm_bias, err))) return s;
+        snprintf(n1, sizeof n1, "blk.%d.ffn_gate_inp.weight", l);
+        if (hp->n_expert > 0 && find(m, n1)) {
+            if ((s = bind_moe(m, L, l, err))) return s;
+            continue;
+        }
+        if (L->n_ff <= 0)
+            return tr_fail(err, TR_E_FORMAT, "layer %d is dense but %s.feed_forward_length is 0", l,
+                           m->arch_name);
+        if ((s = bind_mat(m, &L->ffn_gate, NAME("ffn_gate.weight"), hp->n_embd, L->n_ff, true, err)) ||
             (s = bind_mat(m, &L->ffn_up, NAME("ffn_up.weight"), hp->n_embd, L->n_ff, true, err)) ||
             (s = bind_mat(m, &L->ffn_down, NAME("ffn_down.weight"), L->n_ff, hp->n_embd, true, err)))
             return s;

@@ -15,7 +15,13 @@
 
 typedef enum { TR_ROPE_NORM = 0, TR_ROPE_NEOX = 2 } tr_rope_style;
 typedef enum { TR_QKNORM_NONE, TR_QKNORM_HEAD, TR_QKNORM_FULL } tr_qknorm;
-typedef enum { TR_ACT_SILU, TR_ACT_GELU } tr_act;
+typedef enum { TR_ACT_SILU, TR_ACT_GELU, TR_ACT_SWIGLU_OAI } tr_act;
+/* how router logits become expert weights (GGUF-FACTS §3.3-3.12) */
+typedef enum {
+    TR_ROUTE_SOFTMAX_TOPK_NORM, /* softmax over all, top-k, renormalise (mixtral, qwen3moe, phimoe) */
+    TR_ROUTE_SOFTMAX_TOPK,      /* softmax over all, top-k, raw probabilities (qwen2moe, olmoe) */
+    TR_ROUTE_TOPK_SOFTMAX,      /* top-k of the logits, softmax over those k (gpt-oss) */
+} tr_route;
 typedef enum { TR_ROPE_SCALING_NONE, TR_ROPE_SCALING_LINEAR, TR_ROPE_SCALING_YARN } tr_rope_scaling;
 
 typedef struct tr_hparams {
@@ -31,6 +37,8 @@ typedef struct tr_hparams {
     float attn_scale;        /* score scale (1/sqrt(head_dim) unless the arch says otherwise) */
     float embd_scale;        /* multiplies token embeddings (1 unless the arch says otherwise) */
     float final_logit_softcap;
+    /* mixture of experts (0 experts: dense) */
+    int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
 } tr_hparams;
 
 struct tr_model;
@@ -44,9 +52,27 @@ typedef struct tr_arch {
     bool post_norms;      /* gemma: norm the attention and FFN outputs before the residual */
     bool q_prescale;      /* gemma: q *= attn_scale before attention, which then uses scale 1 */
     bool embd_scale_sqrt; /* gemma: embeddings * sqrt(n_embd) */
+    bool norm_bias;       /* phimoe: every norm has a bias, logits an output bias */
+    bool attn_sinks;      /* gpt-oss: a learned per-head sink in the softmax denominator */
+    tr_route route;       /* MoE layers only */
+    tr_act expert_act;    /* activation of routed (and shared) experts */
+    const char *ffn_norm_name; /* NULL: "ffn_norm" (gpt-oss: "post_attention_norm") */
+    bool expert_ff_key;   /* expert width from expert_feed_forward_length (else feed_forward_length) */
     /* per-architecture rules that are not flags (SWA layer pattern, RoPE bases, scales) */
     tr_status (*hook)(struct tr_model *m, tr_error *err);
 } tr_arch;
+
+/* A stacked expert tensor [n_in, n_out, n_expert]: expert e is the byte range
+ * [file_offset + e * expert_bytes, + expert_bytes) of shard `shard` (GGUF-FACTS §3.11). */
+typedef struct tr_exps {
+    tr_type type;
+    int64_t n_in, n_out;
+    size_t row_bytes, expert_bytes;
+    const char *base;     /* mapped data of expert 0 (the --experts mmap path) */
+    uint32_t shard;
+    uint64_t file_offset;
+    const float *bias;    /* [n_expert][n_out] F32 or NULL (gpt-oss) */
+} tr_exps;
 
 typedef struct tr_layer {
     const float *attn_norm;
@@ -57,6 +83,15 @@ typedef struct tr_layer {
     const float *ffn_norm;
     tr_mat ffn_gate, ffn_up, ffn_down;
     const float *post_ffw_norm;
+    const float *attn_norm_b, *ffn_norm_b; /* phimoe */
+    const float *sinks;                    /* [n_head] gpt-oss */
+    /* MoE */
+    bool moe;
+    tr_mat router;          /* [n_embd, n_expert] */
+    const float *router_b;  /* [n_expert] or NULL */
+    tr_exps gate_exps, up_exps, down_exps;
+    tr_mat shexp_gate, shexp_up, shexp_down; /* shared expert (qwen2moe) */
+    const float *shexp_gate_inp;             /* [n_embd] sigmoid gate of the shared expert */
     int32_t n_head, n_head_kv, n_ff;
     bool swa;         /* sliding-window attention layer */
     float rope_base;  /* RoPE theta of this layer */
@@ -71,6 +106,14 @@ struct tr_model {
     tr_mat tok_embd;       /* rows are token embeddings */
     tr_mat output;         /* logits projection (tied to tok_embd when absent) */
     const float *output_norm;
+    const float *output_norm_b, *output_b; /* phimoe */
+    const float *rope_factors_long, *rope_factors_short; /* phimoe LongRoPE */
+    /* expert residency: NULL = experts read through the mapping (--experts mmap) */
+    struct tr_expert_cache *experts;
+    /* called with each MoE layer's routing (route traces, telemetry); may be NULL */
+    void (*route_hook)(void *user, int32_t layer, int32_t rows, const int32_t *pos,
+                       const int32_t *sel, const float *w, int32_t k);
+    void *route_hook_user;
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
     void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */
     size_t n_owned, cap_owned;

@@ -34,13 +34,24 @@ static size_t mm_scratch_bytes(const tr_model *m, int32_t rows) {
         CONSIDER(L->ffn_gate);
         CONSIDER(L->ffn_up);
         CONSIDER(L->ffn_down);
+        CONSIDER(L->router);
+        CONSIDER(L->shexp_gate);
+        CONSIDER(L->shexp_up);
+        CONSIDER(L->shexp_down);
+        if (L->moe) {
+            const tr_exps *x[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+            for (int i = 0; i < 3; i++) {
+                size_t b = tr_matmul_scratch_size(x[i]->type, x[i]->n_in, rows);
+                if (b > need) need = b;
+            }
+        }
     }
 #undef CONSIDER
     return need;
 }
 
 typedef struct layout {
-    size_t off[32];
+    size_t off[48];
     int n;
     size_t total;
 } layout;
@@ -92,6 +103,19 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
               iq16 = reserve(&lo, (size_t)nth * hp->head_dim_k * 2),
               irs = reserve(&lo, R * sizeof(tr_session *)), irp = reserve(&lo, R * 4),
               ics = reserve(&lo, R * (size_t)hp->n_rot * 4);
+    const size_t NE = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+    int ime[9] = {0};
+    if (NE > 0) {
+        ime[0] = reserve(&lo, R * NE * 4);     /* logits */
+        ime[1] = reserve(&lo, R * K * 4);      /* sel */
+        ime[2] = reserve(&lo, R * K * 4);      /* w */
+        ime[3] = reserve(&lo, (NE + 1) * 4);   /* off */
+        ime[4] = reserve(&lo, NE * 4);         /* fill */
+        ime[5] = reserve(&lo, R * K * 4);      /* rows */
+        ime[6] = reserve(&lo, NE * 4);         /* used */
+        ime[7] = reserve(&lo, R * E * 4);      /* in */
+        ime[8] = reserve(&lo, R * K * E * 4);  /* slot */
+    }
     s->bytes = kv_bytes + lo.total;
     s->kv = aligned_alloc(64, (kv_bytes + 63) & ~(uint64_t)63);
     s->scratch_mem = aligned_alloc(64, (lo.total + 63) & ~(size_t)63);
@@ -125,6 +149,17 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
     sc->row_sess = (struct tr_session **)(b + lo.off[irs]);
     sc->row_pos = (int32_t *)(b + lo.off[irp]);
     sc->rope_cs = (float *)(b + lo.off[ics]);
+    if (NE > 0) {
+        sc->moe_logits = (float *)(b + lo.off[ime[0]]);
+        sc->moe_sel = (int32_t *)(b + lo.off[ime[1]]);
+        sc->moe_w = (float *)(b + lo.off[ime[2]]);
+        sc->moe_off = (int32_t *)(b + lo.off[ime[3]]);
+        sc->moe_fill = (int32_t *)(b + lo.off[ime[4]]);
+        sc->moe_rows = (int32_t *)(b + lo.off[ime[5]]);
+        sc->moe_used = (int32_t *)(b + lo.off[ime[6]]);
+        sc->moe_in = (float *)(b + lo.off[ime[7]]);
+        sc->moe_slot = (float *)(b + lo.off[ime[8]]);
+    }
     *out = s;
     return TR_OK;
 }

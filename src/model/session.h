@@ -9,6 +9,7 @@
 #ifndef TR_MODEL_SESSION_H
 #define TR_MODEL_SESSION_H
 
+#include "experts/cache.h"
 #include "model/model.h"
 
 typedef struct tr_scratch {
@@ -31,6 +32,17 @@ typedef struct tr_scratch {
     struct tr_session **row_sess;
     int32_t *row_pos;
     float *rope_cs;  /* [rows][n_rot] cos/sin of the current layer's parameters */
+    /* mixture of experts (NULL for dense models) */
+    float *moe_logits;   /* [rows][n_expert] router logits, then probabilities */
+    int32_t *moe_sel;    /* [rows][k] selected experts */
+    float *moe_w;        /* [rows][k] their weights */
+    int32_t *moe_off;    /* [n_expert + 1] start of each expert's entries in moe_rows */
+    int32_t *moe_fill;   /* [n_expert] */
+    int32_t *moe_rows;   /* [rows * k] row * k + slot, grouped by expert */
+    int32_t *moe_used;   /* [n_expert] experts used by this batch */
+    float *moe_in;       /* [rows][n_embd] gathered inputs / expert outputs */
+    float *moe_slot;     /* [rows][k][n_embd] weighted expert outputs per slot */
+    struct tr_expert_request moe_req;
 } tr_scratch;
 
 struct tr_session {

@@ -50,6 +50,17 @@ ARCHS = {
     "qwen3":  dict(n_embd=256, n_layer=2, n_head=8, n_head_kv=4, head_dim=64, n_ff=512),
     "gemma3": dict(n_embd=256, n_layer=6, n_head=4, n_head_kv=1, head_dim=64, n_ff=512),
 }
+# MoE models: 8 experts, top-2 (gpt-oss: top-4), expert width 256 (a K-quant block row), every
+# layer MoE; each architecture with its routing rule and extras (GGUF-FACTS §3.3-3.12)
+MOE_ARCHS = {
+    "qwen3moe": dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_expert=8, top_k=2, n_ff_exp=256),
+    "qwen2moe": dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_expert=8, top_k=2, n_ff_exp=256,
+                     n_ff_shexp=512),
+    "olmoe": dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=4, head_dim=64, n_expert=8, top_k=2, n_ff_exp=256),
+    "phimoe": dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_expert=8, top_k=2, n_ff_exp=256),
+    "mixtral": dict(n_embd=256, n_layer=2, n_head=8, n_head_kv=2, head_dim=32, n_expert=8, top_k=2, n_ff_exp=256),
+    "gpt-oss": dict(n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, n_expert=8, top_k=4, n_ff_exp=256),
+}
 N_VOCAB = 1024
 CTX = 2048
 
@@ -83,6 +94,8 @@ class FastRng:
 
 def write(arch, qtype, path):
     global N_VOCAB
+    if arch in MOE_ARCHS:
+        return _write_moe(arch, MOE_ARCHS[arch], qtype, path)
     big = arch in BIG
     cfg = BIG[arch] if big else ARCHS[arch]
     saved_vocab = N_VOCAB
@@ -173,7 +186,140 @@ def _write(arch, cfg, qtype, path, fast_rng):
     w.close()
 
 
-def head_scale():
+def _tokenizer(w):
+    toks = byte_tokens()
+    toks += [f"<extra_{i}>" for i in range(N_VOCAB - len(toks) - 2)] + ["<|bos|>", "<|eos|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(toks)
+    w.add_token_types([1] * (N_VOCAB - 2) + [3, 3])
+    w.add_token_merges(["Ġ t"])
+    w.add_bos_token_id(N_VOCAB - 2)
+    w.add_eos_token_id(N_VOCAB - 1)
+
+
+def _write_moe(arch, cfg, qtype, path):
+    E, L, H, KV, HD = (cfg[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim"))
+    NE, K, FE = cfg["n_expert"], cfg["top_k"], cfg["n_ff_exp"]
+    rng = Rng(hash_seed(arch))
+    garch = "llama" if arch == "mixtral" else arch
+    w = gguf.GGUFWriter(path, garch)
+    w.add_name(f"terrace synthetic {arch} {qtype}")
+    w.add_context_length(CTX)
+    w.add_embedding_length(E)
+    w.add_block_count(L)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_layer_norm_rms_eps(1e-5 if arch in ("mixtral", "olmoe", "phimoe", "gpt-oss") else 1e-6)
+    w.add_rope_freq_base({"gpt-oss": 150000.0, "mixtral": 1e6, "phimoe": 10000.0}.get(arch, 1e6))
+    w.add_expert_count(NE)
+    w.add_expert_used_count(K)
+    if arch in ("qwen3moe", "qwen2moe", "gpt-oss"):
+        w.add_expert_feed_forward_length(FE)
+        w.add_feed_forward_length(FE * K if arch != "gpt-oss" else FE)
+    else:
+        w.add_feed_forward_length(FE)  # the expert width for mixtral / olmoe / phimoe
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(cfg["n_ff_shexp"])
+    if arch in ("qwen3moe", "gpt-oss"):
+        w.add_key_length(HD)
+        w.add_value_length(HD)
+    if arch in ("mixtral", "phimoe"):
+        w.add_rope_dimension_count(HD)
+    if arch == "phimoe":
+        # LongRoPE: long factors apply when the context exceeds the original 64 tokens
+        w.add_rope_scaling_orig_ctx_len(64)
+        w.add_key_value("phimoe.rope.scaling.attn_factor", 1.19024, gguf.GGUFValueType.FLOAT32)
+        w.add_sliding_window(0)
+    if arch == "gpt-oss":
+        w.add_sliding_window(16)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[qtype])
+    _tokenizer(w)
+
+    def stored(data):
+        if qtype == "F32":
+            return data, None
+        if qtype == "F16":
+            return data.astype(np.float16), None
+        return quantize(data, T.Q8_0), T.Q8_0
+
+    def mat(name, rows, cols, std, row_scale=None):
+        data = rng.normal((rows, cols), std)
+        if row_scale is not None:
+            data *= row_scale[:, None]
+        d, t = stored(data)
+        w.add_tensor(name, d, raw_dtype=t)
+
+    def exps(name, n_out, n_in, std):
+        d, t = stored(rng.normal((NE, n_out, n_in), std))
+        w.add_tensor(name, d, raw_dtype=t)
+
+    def vec(name, n, mean=1.0, std=0.1):
+        w.add_tensor(name, (mean + rng.normal((n,), std)).astype(np.float32))
+
+    mat("token_embd.weight", N_VOCAB, E, 1.0)
+    vec("output_norm.weight", E)
+    # a more peaked head than the dense models': MoE adds routing flips to the rounding noise
+    mat("output.weight", N_VOCAB, E, 0.25, head_scale(8.0, 4.0))
+    if arch == "phimoe":
+        vec("output_norm.bias", E, 0.0, 0.1)
+        vec("output.bias", N_VOCAB, 0.0, 0.5)
+        vec("rope_factors_long.weight", HD // 2, 1.5, 0.3)
+        vec("rope_factors_short.weight", HD // 2, 1.0, 0.05)
+    for i in range(L):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", E)
+        if arch == "phimoe":
+            vec(p + "attn_norm.bias", E, 0.0, 0.1)
+        mat(p + "attn_q.weight", H * HD, E, E ** -0.5)
+        mat(p + "attn_k.weight", KV * HD, E, E ** -0.5)
+        mat(p + "attn_v.weight", KV * HD, E, E ** -0.5)
+        mat(p + "attn_output.weight", E, H * HD, 0.5 * (H * HD) ** -0.5)
+        if arch in ("qwen2moe", "phimoe", "gpt-oss"):
+            vec(p + "attn_q.bias", H * HD, 0.0, 0.5)
+            vec(p + "attn_k.bias", KV * HD, 0.0, 0.5)
+            vec(p + "attn_v.bias", KV * HD, 0.0, 0.5)
+        if arch in ("phimoe", "gpt-oss"):
+            vec(p + "attn_output.bias", E, 0.0, 0.1)
+        if arch == "qwen3moe":
+            vec(p + "attn_q_norm.weight", HD)
+            vec(p + "attn_k_norm.weight", HD)
+        if arch == "olmoe":
+            vec(p + "attn_q_norm.weight", H * HD)
+            vec(p + "attn_k_norm.weight", KV * HD)
+        if arch == "gpt-oss":
+            vec(p + "attn_sinks.weight", H, 0.0, 1.0)
+        norm = "post_attention_norm" if arch == "gpt-oss" else "ffn_norm"
+        vec(p + norm + ".weight", E)
+        if arch == "phimoe":
+            vec(p + "ffn_norm.bias", E, 0.0, 0.1)
+        # router in F32, as the converters write it; a larger scale gives decisive routing
+        w.add_tensor(p + "ffn_gate_inp.weight", rng.normal((NE, E), 8.0 * E ** -0.5))
+        if arch == "gpt-oss":
+            vec(p + "ffn_gate_inp.bias", NE, 0.0, 0.5)
+        exps(p + "ffn_gate_exps.weight", FE, E, E ** -0.5)
+        exps(p + "ffn_up_exps.weight", FE, E, E ** -0.5)
+        exps(p + "ffn_down_exps.weight", E, FE, 0.5 * FE ** -0.5)
+        if arch == "gpt-oss":
+            w.add_tensor(p + "ffn_gate_exps.bias", rng.normal((NE, FE), 0.1))
+            w.add_tensor(p + "ffn_up_exps.bias", rng.normal((NE, FE), 0.1))
+            w.add_tensor(p + "ffn_down_exps.bias", rng.normal((NE, E), 0.1))
+        if arch == "qwen2moe":
+            FS = cfg["n_ff_shexp"]
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", rng.normal((E,), E ** -0.5))
+            mat(p + "ffn_gate_shexp.weight", FS, E, E ** -0.5)
+            mat(p + "ffn_up_shexp.weight", FS, E, E ** -0.5)
+            mat(p + "ffn_down_shexp.weight", E, FS, 0.5 * FS ** -0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def head_scale(amp=4.0, width=8.0):
     """Zipf-like output row norms: a trained LM head makes a few tokens far likelier than the
     rest, so its next-token distributions are peaked. With i.i.d. rows the top-1 is the maximum
     of 1024 similar logits and its margin over the runner-up is often below the noise that F16 and
@@ -182,7 +328,7 @@ def head_scale():
     perm = splitmix(99, N_VOCAB).argsort()  # hot tokens spread over the vocabulary
     rank = rank[:N_VOCAB]
     scale = np.empty(N_VOCAB)
-    scale[perm] = 1.0 + 4.0 / (1.0 + rank / 8.0)
+    scale[perm] = 1.0 + amp / (1.0 + rank / width)
     return scale.astype(np.float32)
 
 
@@ -201,6 +347,6 @@ def token_sequence(n, seed=1):
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--list"]:
-        print(" ".join(ARCHS))
+        print(" ".join(list(ARCHS) + list(MOE_ARCHS)))
         sys.exit(0)
     write(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -1,0 +1,211 @@
+/*
+ * The mixture-of-experts FFN of one layer for a batch of rows (GGUF-FACTS §3.3-3.12):
+ * router logits -> per-row top-k experts and weights (the architecture's rule) -> rows grouped by
+ * expert -> each expert's gate/up/down on its rows -> weighted outputs summed per row in top-k
+ * slot order (llama.cpp's order), plus the shared expert where the architecture has one.
+ *
+ * Where expert weights come from is the expert cache's business (src/experts/cache.h): with a
+ * cache, experts are requested per layer and computed in the order they become resident, so
+ * compute overlaps the reads of the missing ones; without one (--experts mmap) they are read
+ * through the mapping. The per-slot output buffer makes the result independent of that order —
+ * the budget never changes the output.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "experts/cache.h"
+#include "model/moe.h"
+#include "model/ops.h"
+#include "model/session.h"
+
+/* softmax of n values in place, as ggml's soft_max (max-subtract, sum in double) */
+static void softmax(float *v, int32_t n) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++) mx = v[i] > mx ? v[i] : mx;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        v[i] = expf(v[i] - mx);
+        sum += (double)v[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t i = 0; i < n; i++) v[i] *= inv;
+}
+
+/* indices of the k largest values, largest first (ties: lower index first) */
+static void top_k(const float *v, int32_t n, int32_t k, int32_t *idx) {
+    for (int32_t j = 0; j < k; j++) idx[j] = -1;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t j = k;
+        while (j > 0 && (idx[j - 1] < 0 || v[i] > v[idx[j - 1]])) j--;
+        if (j >= k) continue;
+        memmove(idx + j + 1, idx + j, (size_t)(k - j - 1) * sizeof *idx);
+        idx[j] = i;
+    }
+}
+
+void tr_moe_route(const tr_model *m, float *logits, int32_t *sel, float *w) {
+    const tr_hparams *hp = &m->hp;
+    const int32_t n = hp->n_expert, k = hp->n_expert_used;
+    if (m->arch->route == TR_ROUTE_TOPK_SOFTMAX) {
+        top_k(logits, n, k, sel);
+        for (int32_t j = 0; j < k; j++) w[j] = logits[sel[j]];
+        softmax(w, k);
+        return;
+    }
+    softmax(logits, n); /* the row becomes probabilities (it is scratch) */
+    top_k(logits, n, k, sel);
+    for (int32_t j = 0; j < k; j++) w[j] = logits[sel[j]];
+    if (m->arch->route == TR_ROUTE_SOFTMAX_TOPK_NORM) {
+        float s = 0.0f;
+        for (int32_t j = 0; j < k; j++) s += w[j];
+        if (s < 6.103515625e-5f) s = 6.103515625e-5f; /* llama.cpp's clamp */
+        for (int32_t j = 0; j < k; j++) w[j] /= s;
+    }
+}
+
+/* gate/up activation of experts: g = act(g) * u (in place) */
+static void expert_act(const tr_model *m, float *g, const float *u, int64_t n) {
+    switch (m->arch->expert_act) {
+    case TR_ACT_GELU: tr_geglu(g, u, n); break;
+    case TR_ACT_SWIGLU_OAI: {
+        /* gpt-oss: clamp, then x * sigmoid(1.702 x) * (y + 1) */
+        const float alpha = 1.702f, limit = 7.0f;
+        for (int64_t i = 0; i < n; i++) {
+            const float x = fminf(g[i], limit);
+            const float y = fmaxf(fminf(u[i], limit), -limit);
+            g[i] = x / (1.0f + expf(alpha * (-x))) * (y + 1.0f);
+        }
+        break;
+    }
+    default: tr_swiglu(g, u, n); break;
+    }
+}
+
+static void add_rows_bias(float *y, const float *b, int32_t rows, int64_t n) {
+    if (!b) return;
+    for (int32_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++) y[(size_t)r * n + i] += b[i];
+}
+
+/* one expert on its rows: gather inputs, gate/up/act/down, scatter to the rows' slots */
+static void run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e,
+                       const void *const part[3], int32_t rows) {
+    const tr_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp, K = hp->n_expert_used;
+    const int32_t *list = sc->moe_rows + sc->moe_off[e];
+    for (int32_t i = 0; i < rows; i++)
+        memcpy(sc->moe_in + (size_t)i * E, sc->xn + (size_t)(list[i] / K) * E, (size_t)E * 4);
+    const tr_mat wg = {L->gate_exps.type, E, F, part[0], L->gate_exps.row_bytes};
+    const tr_mat wu = {L->up_exps.type, E, F, part[1], L->up_exps.row_bytes};
+    const tr_mat wd = {L->down_exps.type, F, E, part[2], L->down_exps.row_bytes};
+    tr_matmul(m->pool, m->kern, &wg, sc->moe_in, rows, sc->g, sc->mm);
+    tr_matmul(m->pool, m->kern, &wu, sc->moe_in, rows, sc->u, sc->mm);
+    add_rows_bias(sc->g, L->gate_exps.bias ? L->gate_exps.bias + (size_t)e * F : NULL, rows, F);
+    add_rows_bias(sc->u, L->up_exps.bias ? L->up_exps.bias + (size_t)e * F : NULL, rows, F);
+    expert_act(m, sc->g, sc->u, (int64_t)rows * F);
+    tr_matmul(m->pool, m->kern, &wd, sc->g, rows, sc->moe_in, sc->mm);
+    add_rows_bias(sc->moe_in, L->down_exps.bias ? L->down_exps.bias + (size_t)e * E : NULL, rows, E);
+    /* weighted output into the (row, slot) it belongs to: list entries are row * K + slot */
+    for (int32_t i = 0; i < rows; i++) {
+        const int32_t rs = list[i];
+        const float w = sc->moe_w[rs];
+        float *dst = sc->moe_slot + (size_t)rs * E;
+        const float *src = sc->moe_in + (size_t)i * E;
+        for (int64_t j = 0; j < E; j++) dst[j] = src[j] * w;
+    }
+}
+
+tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float *out,
+                     tr_error *err) {
+    const tr_hparams *hp = &m->hp;
+    const tr_layer *L = &m->layers[l];
+    const int32_t K = hp->n_expert_used, NE = hp->n_expert;
+    const int64_t E = hp->n_embd;
+
+    /* router (F32 activations, as llama.cpp) and the per-row choice */
+    tr_matmul(m->pool, m->kern, &L->router, sc->xn, rows, sc->moe_logits, sc->mm);
+    add_rows_bias(sc->moe_logits, L->router_b, rows, NE);
+    for (int32_t r = 0; r < rows; r++) {
+        tr_moe_route(m, sc->moe_logits + (size_t)r * NE, sc->moe_sel + (size_t)r * K,
+                     sc->moe_w + (size_t)r * K);
+        if (m->experts)
+            tr_expert_cache_observe(m->experts, l, sc->moe_sel + (size_t)r * K,
+                                    sc->moe_w + (size_t)r * K, K, NULL);
+    }
+    if (m->route_hook)
+        m->route_hook(m->route_hook_user, l, rows, sc->row_pos, sc->moe_sel, sc->moe_w, K);
+
+    /* group (row, slot) pairs by expert: counting sort, rows ascending within an expert */
+    memset(sc->moe_off, 0, (size_t)(NE + 1) * sizeof *sc->moe_off);
+    for (int32_t i = 0; i < rows * K; i++) sc->moe_off[sc->moe_sel[i] + 1]++;
+    for (int32_t e = 0; e < NE; e++) sc->moe_off[e + 1] += sc->moe_off[e];
+    int32_t *fill = sc->moe_fill;
+    memcpy(fill, sc->moe_off, (size_t)NE * sizeof *fill);
+    for (int32_t i = 0; i < rows * K; i++) sc->moe_rows[fill[sc->moe_sel[i]]++] = i;
+
+    int32_t n_used = 0;
+    for (int32_t e = 0; e < NE; e++)
+        if (sc->moe_off[e + 1] > sc->moe_off[e]) sc->moe_used[n_used++] = e;
+
+    if (!m->experts) {
+        for (int32_t u = 0; u < n_used; u++) {
+            const int32_t e = sc->moe_used[u];
+            const void *part[3] = {L->gate_exps.base + (size_t)e * L->gate_exps.expert_bytes,
+                                   L->up_exps.base + (size_t)e * L->up_exps.expert_bytes,
+                                   L->down_exps.base + (size_t)e * L->down_exps.expert_bytes};
+            run_expert(m, sc, L, e, part, sc->moe_off[e + 1] - sc->moe_off[e]);
+        }
+    } else {
+        /* at most top-k experts per request: the smallest legal budget holds exactly that */
+        for (int32_t u0 = 0; u0 < n_used; u0 += K) {
+            const int32_t n = n_used - u0 < K ? n_used - u0 : K;
+            tr_expert_request *req = &sc->moe_req;
+            tr_status st = tr_expert_cache_acquire(m->experts, l, sc->moe_used + u0, n, req, err);
+            if (st) return st;
+            for (;;) {
+                int32_t idx;
+                st = tr_expert_cache_next_ready(m->experts, req, &idx, err);
+                if (st || idx < 0) break;
+                const int32_t e = req->experts[idx];
+                const void *part[3] = {req->data[idx][0], req->data[idx][1], req->data[idx][2]};
+                run_expert(m, sc, L, e, part, sc->moe_off[e + 1] - sc->moe_off[e]);
+            }
+            tr_expert_cache_release(m->experts, req);
+            if (st) return st;
+        }
+    }
+
+    /* sum the slots in order, as llama.cpp adds the weighted expert outputs */
+    for (int32_t r = 0; r < rows; r++) {
+        float *o = out + (size_t)r * E;
+        const float *s0 = sc->moe_slot + (size_t)r * K * E;
+        memcpy(o, s0, (size_t)E * sizeof *o);
+        for (int32_t k = 1; k < K; k++) {
+            const float *sk = s0 + (size_t)k * E;
+            for (int64_t j = 0; j < E; j++) o[j] += sk[j];
+        }
+    }
+
+    /* shared expert: out += sigmoid(gate . x) * down(act(gate x) * up x) */
+    if (L->shexp_gate.data) {
+        const int64_t F = hp->n_ff_shexp;
+        tr_matmul(m->pool, m->kern, &L->shexp_gate, sc->xn, rows, sc->g, sc->mm);
+        tr_matmul(m->pool, m->kern, &L->shexp_up, sc->xn, rows, sc->u, sc->mm);
+        expert_act(m, sc->g, sc->u, (int64_t)rows * F);
+        tr_matmul(m->pool, m->kern, &L->shexp_down, sc->g, rows, sc->moe_in, sc->mm);
+        for (int32_t r = 0; r < rows; r++) {
+            float gate = 1.0f;
+            if (L->shexp_gate_inp) {
+                double z = 0.0;
+                for (int64_t j = 0; j < E; j++)
+                    z += (double)(L->shexp_gate_inp[j] * sc->xn[(size_t)r * E + j]);
+                gate = 1.0f / (1.0f + expf(-(float)z));
+            }
+            float *o = out + (size_t)r * E;
+            const float *sh = sc->moe_in + (size_t)r * E;
+            for (int64_t j = 0; j < E; j++) o[j] += sh[j] * gate;
+        }
+    }
+    return TR_OK;
+}
