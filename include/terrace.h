@@ -216,11 +216,26 @@ typedef struct tr_session tr_session;
 /* progress of long operations: `what` names the phase ("loading", "prefill"), done <= total */
 typedef void (*tr_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
 
+typedef enum tr_experts_mode {
+    TR_EXPERTS_CACHE = 0, /* routed experts in terrace's byte-budgeted cache, read explicitly */
+    TR_EXPERTS_MMAP = 1,  /* routed experts through the mapping: the kernel decides (baseline) */
+} tr_experts_mode;
+
+#define TR_EXPERT_CACHE_MIN UINT64_MAX
+
 typedef struct tr_model_params {
     int n_threads;         /* <= 0: physical cores */
     bool no_mmap;          /* true: read weights into memory instead of mapping them */
     tr_progress_fn progress;
     void *progress_user;
+    /* MoE models */
+    tr_experts_mode experts;
+    uint64_t expert_cache_bytes; /* 0: auto — what mem_budget leaves after the dense weights;
+                                    TR_EXPERT_CACHE_MIN: the smallest legal budget */
+    uint64_t mem_budget_bytes;   /* 0: auto — the memory cgroup's limit, else MemAvailable */
+    const char *expert_policy;   /* NULL: "auto" (LRU unless below the LRU cliff) */
+    int expert_prefetch;         /* experts of the next layer to read ahead (0: off) */
+    int io_threads;              /* expert I/O workers (<= 0: 4) */
 } tr_model_params;
 
 tr_model_params tr_model_default_params(void);
@@ -238,6 +253,29 @@ const tr_gguf *tr_model_gguf(const tr_model *m);
 tr_pool *tr_model_pool(tr_model *m);
 /* comma-separated list of the architectures this build runs */
 const char *tr_supported_archs(void);
+/* a warning from loading (e.g. an expert budget below one token's working set), or NULL */
+const char *tr_model_warning(const tr_model *m);
+
+/* Counters for telemetry: what the expert cache and the process did so far. */
+typedef struct tr_model_stats {
+    bool moe;                       /* the model has routed experts */
+    bool expert_cache;              /* they go through the expert cache (else mmap) */
+    const char *expert_policy;      /* in effect */
+    bool direct_io;                 /* O_DIRECT reads */
+    uint64_t expert_hits, expert_misses;
+    uint64_t expert_bytes_read;     /* from storage */
+    uint64_t expert_reads;
+    uint64_t expert_io_wait_ns;     /* compute blocked waiting for expert reads */
+    uint64_t expert_cache_bytes;    /* occupied arena bytes */
+    uint64_t expert_budget_bytes;   /* arena budget */
+    uint64_t expert_evictions;
+    uint64_t prefetch_issued, prefetch_used, prefetch_wasted_bytes;
+    uint64_t prefetch_predicted, prefetch_correct; /* predictions made / that the router confirmed */
+    uint64_t dense_bytes;           /* weights outside routed experts */
+    uint64_t expert_total_bytes;    /* all routed experts in the file */
+    uint64_t token_working_set;     /* one token's experts over all layers (top-k) */
+} tr_model_stats;
+void tr_model_get_stats(const tr_model *m, tr_model_stats *out);
 
 typedef struct tr_session_params {
     int32_t n_ctx;    /* context length in tokens; <= 0: min(training context, 4096) */

@@ -91,8 +91,10 @@ int cmd_chat(int argc, char **argv) {
     size_t n_held = 0;
     convo cv = {0};
     gen_state total = {0};
+    telem tm = {0};
     tr_error err = {0};
     if (!load_model(&o, &ld)) goto out;
+    if (!telem_open(&tm, o.telemetry, ld.model)) goto out;
 
     tr_str tmpl = {0};
     char *tmpl_c = NULL;
@@ -187,7 +189,7 @@ int cmd_chat(int argc, char **argv) {
         tr_session_truncate(s, (int32_t)keep, &err);
         memcpy(held + keep, toks + keep, (n_tok - keep) * sizeof *toks);
         n_held = n_tok;
-        gen_state g = {.sink = to_stdout};
+        gen_state g = {.sink = to_stdout, .tm = &tm};
         tr_sampler_reset(smp);
         const bool prefilled = gen_prefill(&g, s, toks + keep, n_tok - keep, logits);
         free(toks);
@@ -215,9 +217,11 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "terrace: %d prompt tokens, %d generated, %.1f tok/s decode\n",
                     g.n_prompt, g.n_gen, g.decode_ms > 0 ? 1e3 * g.n_decoded / g.decode_ms : 0.0);
     }
+    telem_close(&tm);
     if (total.stopped_by) gen_summary(&total, &ld, s);
     rc = 0;
 out:
+    telem_close(&tm);
     for (size_t i = 0; i < cv.n; i++) free(cv.owned[i]);
     free(cv.owned);
     free(cv.msgs);

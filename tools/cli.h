@@ -17,6 +17,7 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_replay(int argc, char **argv);
 
 /* "terrace: error: <msg>" on stderr */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -28,5 +29,7 @@ void cli_print_escaped(FILE *f, const char *s, size_t len, size_t max_chars);
 char *cli_utf8_sanitize(const char *s, size_t len);
 /* parse a non-negative integer flag value; false with a message on junk */
 int cli_parse_int(const char *flag, const char *v, long lo, long hi, long *out);
+/* parse a byte size: "1073741824", "512M", "2G", "1.5GiB" */
+int cli_parse_size(const char *flag, const char *v, unsigned long long *out);
 
 #endif

@@ -107,3 +107,27 @@ int cli_parse_int(const char *flag, const char *v, long lo, long hi, long *out) 
     *out = x;
     return 1;
 }
+
+int cli_parse_size(const char *flag, const char *v, unsigned long long *out) {
+    char *end;
+    errno = 0;
+    const double x = strtod(v, &end);
+    double mul = 1.0;
+    if (end != v) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; end++; break;
+        case 'm': case 'M': mul = 1024.0 * 1024.0; end++; break;
+        case 'g': case 'G': mul = 1024.0 * 1024.0 * 1024.0; end++; break;
+        case 't': case 'T': mul = 1024.0 * 1024.0 * 1024.0 * 1024.0; end++; break;
+        default: break;
+        }
+        if ((*end == 'i' || *end == 'I') && mul > 1.0) end++;
+        if ((*end == 'b' || *end == 'B')) end++;
+    }
+    if (errno || end == v || *end || !(x >= 0) || x * mul > 1.8e19) {
+        cli_error("%s expects a size like 512M, 2G or 1073741824, got '%s'", flag, v);
+        return 0;
+    }
+    *out = (unsigned long long)(x * mul);
+    return 1;
+}

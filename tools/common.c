@@ -14,7 +14,8 @@
 enum {
     F_MODEL, F_PROMPT, F_FILE, F_NPRED, F_CTX, F_BATCH, F_THREADS, F_SEED, F_TEMP, F_TOPK, F_TOPP,
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
-    F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY,
+    F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
+    F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS,
 };
 
 typedef struct flag {
@@ -52,7 +53,14 @@ static const flag k_flags[] = {
     {"-v,--verbose", F_VERBOSE, false, "     print the prompt's tokens and more detail"},
     {"--json", F_JSON, false, "        machine-readable output (bench)"},
     {"--repetitions", F_REPS, true, "N  repetitions (bench; default 3)"},
-    {"--telemetry", F_TELEMETRY, true, "FILE JSON lines per token"},
+    {"--telemetry", F_TELEMETRY, true, "FILE JSON lines per token (tok/s, RSS, hit rate, I/O ...)"},
+    {"--experts", F_EXPERTS, true, "cache|mmap  MoE: expert cache (default) or plain mmap"},
+    {"--expert-cache", F_ECACHE, true, "SIZE|auto|min  MoE: expert cache budget (e.g. 2G)"},
+    {"--mem-budget", F_MEMBUDGET, true, "SIZE  memory for weights+cache (auto: cgroup limit or MemAvailable)"},
+    {"--expert-policy", F_EPOLICY, true, "NAME  MoE: eviction policy (auto, lru, lfu, ...)"},
+    {"--expert-prefetch", F_EPREFETCH, true, "N MoE: read N predicted experts of the next layer ahead"},
+    {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
+    {"--route-trace", F_ROUTETRACE, true, "FILE MoE: write the routing trace (CSV)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
 
@@ -195,6 +203,31 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_JSON: o->json = true; break;
         case F_REPS: if (!cli_parse_int(a, v, 1, 1000, &n)) return false; o->reps = (int32_t)n; break;
         case F_TELEMETRY: o->telemetry = v; break;
+        case F_EXPERTS:
+            if (!strcmp(v, "cache")) o->experts_mmap = false;
+            else if (!strcmp(v, "mmap")) o->experts_mmap = true;
+            else {
+                cli_error("--experts expects cache or mmap, got '%s'", v);
+                return false;
+            }
+            break;
+        case F_ECACHE: {
+            unsigned long long b = 0;
+            if (!strcmp(v, "min")) b = TR_EXPERT_CACHE_MIN;
+            else if (strcmp(v, "auto") && !cli_parse_size(a, v, &b)) return false;
+            o->expert_cache = b;
+            break;
+        }
+        case F_MEMBUDGET: {
+            unsigned long long b = 0;
+            if (strcmp(v, "auto") && !cli_parse_size(a, v, &b)) return false;
+            o->mem_budget = b;
+            break;
+        }
+        case F_EPOLICY: o->expert_policy = v; break;
+        case F_EPREFETCH: if (!cli_parse_int(a, v, 0, 64, &n)) return false; o->expert_prefetch = (int)n; break;
+        case F_IOTHREADS: if (!cli_parse_int(a, v, 1, 64, &n)) return false; o->io_threads = (int)n; break;
+        case F_ROUTETRACE: o->route_trace = v; break;
         case F_HELP: usage(stdout); exit(0);
         }
     }
@@ -261,6 +294,12 @@ bool load_model(const gen_opts *o, loaded *out) {
     mp.n_threads = o->n_threads;
     mp.no_mmap = o->no_mmap;
     mp.progress = load_progress;
+    mp.experts = o->experts_mmap ? TR_EXPERTS_MMAP : TR_EXPERTS_CACHE;
+    mp.expert_cache_bytes = o->expert_cache;
+    mp.mem_budget_bytes = o->mem_budget;
+    mp.expert_policy = o->expert_policy;
+    mp.expert_prefetch = o->expert_prefetch;
+    mp.io_threads = o->io_threads;
     const double t0 = now_ms();
     if (tr_model_load(o->model, &mp, &out->model, &err)) {
         cli_error("%s", err.msg);
@@ -273,6 +312,7 @@ bool load_model(const gen_opts *o, loaded *out) {
         return false;
     }
     out->load_ms = now_ms() - t0;
+    if (tr_model_warning(out->model)) fprintf(stderr, "terrace: warning: %s\n", tr_model_warning(out->model));
     return true;
 }
 

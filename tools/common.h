@@ -27,7 +27,12 @@ typedef struct gen_opts {
     /* bench / perplexity */
     int32_t n_prompt_bench, n_gen_bench, reps;
     bool json;
-    const char *telemetry; /* reserved for later issues */
+    const char *telemetry;   /* --telemetry FILE */
+    const char *route_trace; /* --route-trace FILE */
+    bool experts_mmap;
+    unsigned long long expert_cache, mem_budget; /* 0 = auto */
+    const char *expert_policy;
+    int expert_prefetch, io_threads;
 } gen_opts;
 
 /* parses argv into o (defaults first); on a bad flag prints why and returns false */

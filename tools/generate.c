@@ -99,6 +99,7 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
         tr_sampler_accept(smp, tok);
         g->n_gen++;
         g->last_token = tok;
+        if (g->tm) telem_token(g->tm, g->n_gen - 1, tok, g->ttft_ms, NULL);
         const int n = piece_of(ld->tok, tok, piece, sizeof piece);
         out_append(g, piece, (size_t)n);
         if (flush_text(g, o, false)) {
@@ -135,6 +136,28 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
     fprintf(stderr, "terrace: generated    %10d tokens  %10.1f ms  %8.2f tok/s (decode), stopped by %s\n",
             g->n_gen, g->decode_ms, g->decode_ms > 0 ? 1e3 * g->n_decoded / g->decode_ms : 0.0,
             g->stopped_by);
+    tr_model_stats st;
+    tr_model_get_stats(ld->model, &st);
+    if (st.moe && st.expert_cache) {
+        const uint64_t n = st.expert_hits + st.expert_misses;
+        char b2[32], b3[32];
+        fprintf(stderr, "terrace: experts      cache %s of %s (%s policy, %s reads), hit rate %.1f%%, "
+                        "read %s, I/O wait %.1f ms, %llu evictions\n",
+                cli_bytes(st.expert_cache_bytes, b1, sizeof b1),
+                cli_bytes(st.expert_budget_bytes, b2, sizeof b2), st.expert_policy,
+                st.direct_io ? "O_DIRECT" : "buffered", n ? 100.0 * st.expert_hits / n : 0.0,
+                cli_bytes(st.expert_bytes_read, b3, sizeof b3), st.expert_io_wait_ns / 1e6,
+                (unsigned long long)st.expert_evictions);
+        if (st.prefetch_predicted)
+            fprintf(stderr, "terrace: prefetch     %llu predictions, %.1f%% right; %llu reads issued, "
+                            "%llu used, %s wasted\n",
+                    (unsigned long long)st.prefetch_predicted,
+                    100.0 * st.prefetch_correct / st.prefetch_predicted,
+                    (unsigned long long)st.prefetch_issued, (unsigned long long)st.prefetch_used,
+                    cli_bytes(st.prefetch_wasted_bytes, b2, sizeof b2));
+    } else if (st.moe) {
+        fprintf(stderr, "terrace: experts      through mmap (--experts mmap): the kernel's page cache decides\n");
+    }
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",
             peak_rss_mib(), (double)tr_session_bytes(s) / (1024.0 * 1024.0), tr_session_n_past(s),

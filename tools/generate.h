@@ -2,6 +2,7 @@
 #define TR_TOOLS_GENERATE_H
 
 #include "common.h"
+#include "telemetry.h"
 
 typedef struct gen_state {
     /* generated text and how much of it was handed to the sink */
@@ -13,6 +14,7 @@ typedef struct gen_state {
     int32_t n_prompt, n_gen, n_decoded, last_token;
     double prefill_ms, ttft_ms, decode_ms;
     const char *stopped_by;
+    telem *tm; /* telemetry (JSON lines, status line), or NULL */
 } gen_state;
 
 /* evaluates a prompt in chunks (progress bar when long); logits of its last token into logits */

@@ -48,11 +48,15 @@ int cmd_logits(int argc, char **argv) {
         {"out", required_argument, NULL, 'o'},   {"threads", required_argument, NULL, 't'},
         {"batch-size", required_argument, NULL, 'b'}, {"no-mmap", no_argument, NULL, 'n'},
         {"ctx-size", required_argument, NULL, 'c'},   {"greedy", required_argument, NULL, 'g'},
+        {"experts", required_argument, NULL, 'E'},    {"expert-cache", required_argument, NULL, 'C'},
+        {"expert-policy", required_argument, NULL, 'P'},
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *tokens_arg = NULL, *out_path = NULL;
     long threads = 0, batch = 0, ctx = 0, greedy = -1;
-    bool no_mmap = false;
+    bool no_mmap = false, experts_mmap = false;
+    unsigned long long expert_cache = 0;
+    const char *expert_policy = NULL;
     int c;
     optind = 1;
     opterr = 0;
@@ -65,6 +69,13 @@ int cmd_logits(int argc, char **argv) {
         case 'b': if (!cli_parse_int("-b", optarg, 1, 1 << 20, &batch)) return CLI_EXIT_USAGE; break;
         case 'c': if (!cli_parse_int("-c", optarg, 1, 1 << 24, &ctx)) return CLI_EXIT_USAGE; break;
         case 'n': no_mmap = true; break;
+        case 'E': experts_mmap = !strcmp(optarg, "mmap"); break;
+        case 'C':
+            if (!strcmp(optarg, "min")) expert_cache = TR_EXPERT_CACHE_MIN;
+            else if (strcmp(optarg, "auto") && !cli_parse_size("--expert-cache", optarg, &expert_cache))
+                return CLI_EXIT_USAGE;
+            break;
+        case 'P': expert_policy = optarg; break;
         case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
         default:
             cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);
@@ -84,6 +95,9 @@ int cmd_logits(int argc, char **argv) {
     tr_model_params mp = tr_model_default_params();
     mp.n_threads = (int)threads;
     mp.no_mmap = no_mmap;
+    mp.experts = experts_mmap ? TR_EXPERTS_MMAP : TR_EXPERTS_CACHE;
+    mp.expert_cache_bytes = expert_cache;
+    mp.expert_policy = expert_policy;
     tr_model *m = NULL;
     tr_session *s = NULL;
     float *logits = NULL;

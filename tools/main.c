@@ -15,6 +15,7 @@ static const struct {
     {"perplexity", cmd_perplexity, "perplexity of a text file, llama.cpp's method"},
     {"inspect", cmd_inspect, "show a GGUF file: architecture, hyperparameters, tokenizer, tensors"},
     {"logits", cmd_logits, "evaluate token ids, dump every position's logits (for parity checks)"},
+    {"replay", cmd_replay, "replay a route trace through expert-cache policies (hit % per budget)"},
 };
 
 static void usage(FILE *f) {

@@ -47,8 +47,11 @@ int cmd_run(int argc, char **argv) {
     float *logits = NULL;
     int32_t *toks = NULL;
     gen_state g = {.sink = to_stdout};
+    telem tm = {0};
     tr_error err = {0};
     if (!load_model(&o, &ld)) goto out;
+    if (!telem_open(&tm, o.telemetry, ld.model)) goto out;
+    g.tm = &tm;
     size_t n_tok = 0;
     if (!(toks = tokenize_alloc(ld.tok, prompt, plen, true, true, &n_tok))) goto out;
     if (n_tok == 0) {
@@ -85,11 +88,13 @@ int cmd_run(int argc, char **argv) {
     for (size_t i = 0; i < n_tok; i++) tr_sampler_accept(smp, toks[i]);
     if (!gen_prefill(&g, s, toks, n_tok, logits)) goto out;
     if (!gen_run(&g, &o, &ld, s, smp, logits)) goto out;
+    telem_close(&tm);
     fputc('\n', stdout);
     fflush(stdout);
     gen_summary(&g, &ld, s);
     rc = 0;
 out:
+    telem_close(&tm);
     free(g.text);
     free(logits);
     free(toks);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "experts/cache.h"
 #include "gguf/gguf_internal.h"
 #include "model/model.h"
 #include "tensor/types.h"
@@ -489,6 +490,12 @@ tr_model_params tr_model_default_params(void) {
     return (tr_model_params){.n_threads = 0, .no_mmap = false};
 }
 
+/* routed expert tensors (and their biases): the expert cache reads these itself */
+static bool is_routed_expert(const char *name) {
+    const char *x = strstr(name, "_exps.");
+    return x && (!strcmp(x, "_exps.weight") || !strcmp(x, "_exps.bias"));
+}
+
 static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *err) {
     const uint32_t n = tr_gguf_n_shards(m->gguf);
     m->shard_base = calloc(n, sizeof *m->shard_base);
@@ -499,29 +506,117 @@ static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *er
         for (uint32_t i = 0; i < n; i++) m->shard_base[i] = m->gguf->shards[i].map;
         return TR_OK;
     }
+    /* --no-mmap: every tensor is read into one buffer per shard at its file offset (so the
+     * pointer arithmetic is the same as with the mapping); routed experts are skipped when the
+     * expert cache owns them — their pages of the buffer are never touched, so never resident */
     uint64_t total = 0, done = 0;
-    for (uint32_t i = 0; i < n; i++) total += tr_gguf_shard_size(m->gguf, i);
+    for (int64_t t = 0; t < tr_gguf_n_tensors(m->gguf); t++) {
+        const tr_tensor_info *ti = tr_gguf_tensor(m->gguf, t);
+        if (!(p->experts == TR_EXPERTS_CACHE && is_routed_expert(ti->name))) total += ti->nbytes;
+    }
     for (uint32_t i = 0; i < n; i++) {
         const uint64_t size = tr_gguf_shard_size(m->gguf, i);
         char *buf = own(m, size ? size : 1);
         if (!buf)
             return tr_fail(err, TR_E_NOMEM, "--no-mmap: cannot allocate %" PRIu64 " bytes for %s",
                            size, tr_gguf_shard_path(m->gguf, i));
-        const int fd = tr_gguf_shard_fd(m->gguf, i);
-        for (uint64_t off = 0; off < size;) {
-            const uint64_t chunk = size - off < (64u << 20) ? size - off : (64u << 20);
-            ssize_t got = pread(fd, buf + off, chunk, (off_t)off);
-            if (got <= 0)
-                return tr_fail(err, TR_E_IO, "%s: read failed at byte %" PRIu64 "%s",
-                               tr_gguf_shard_path(m->gguf, i), off,
-                               got == 0 ? " (file truncated?)" : "");
-            off += (uint64_t)got;
-            done += (uint64_t)got;
-            if (p->progress) p->progress(p->progress_user, "loading", done, total);
-        }
         m->shard_base[i] = buf;
     }
+    for (int64_t t = 0; t < tr_gguf_n_tensors(m->gguf); t++) {
+        const tr_tensor_info *ti = tr_gguf_tensor(m->gguf, t);
+        if (p->experts == TR_EXPERTS_CACHE && is_routed_expert(ti->name)) continue;
+        char *dst = (char *)m->shard_base[ti->shard] + ti->file_offset;
+        for (uint64_t off = 0; off < ti->nbytes;) {
+            const uint64_t chunk = ti->nbytes - off < (64u << 20) ? ti->nbytes - off : (64u << 20);
+            tr_status s = tr_gguf_read(m->gguf, t, off, dst + off, chunk, err);
+            if (s) return s;
+            off += chunk;
+            done += chunk;
+            if (p->progress) p->progress(p->progress_user, "loading", done, total);
+        }
+    }
     return TR_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* the expert cache                                                                               */
+
+/* what the memory budget is when the user did not say: the memory cgroup's limit if one is set
+ * (page cache counts against it, and that is where "bigger than memory" runs live), else
+ * MemAvailable */
+static uint64_t auto_mem_budget(void) {
+    uint64_t limit = 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (f) {
+        char line[1024];
+        while (fgets(line, sizeof line, f)) {
+            char *mem = strstr(line, ":memory:");
+            if (!mem) continue;
+            char *path = mem + strlen(":memory:");
+            path[strcspn(path, "\n")] = '\0';
+            char file[1200];
+            snprintf(file, sizeof file, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", path);
+            FILE *lf = fopen(file, "r");
+            unsigned long long v;
+            if (lf && fscanf(lf, "%llu", &v) == 1 && v < (1ULL << 60)) limit = v;
+            if (lf) fclose(lf);
+        }
+        fclose(f);
+    }
+    uint64_t avail = 0;
+    f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char key[64];
+        unsigned long long kb;
+        while (fscanf(f, "%63s %llu kB", key, &kb) == 2)
+            if (!strcmp(key, "MemAvailable:")) avail = (uint64_t)kb * 1024;
+        fclose(f);
+    }
+    if (limit && (!avail || limit < avail)) return limit;
+    return avail;
+}
+
+static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *err) {
+    const tr_hparams *hp = &m->hp;
+    tr_expert_layer *layers = calloc((size_t)hp->n_layer, sizeof *layers);
+    if (!layers) return tr_fail(err, TR_E_NOMEM, "out of memory");
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const tr_layer *L = &m->layers[l];
+        if (!L->moe) continue;
+        const tr_exps *x[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+        layers[l].n_parts = 3;
+        for (int i = 0; i < 3; i++) {
+            layers[l].part[i] = (tr_expert_part){
+                .fd = tr_gguf_shard_fd(m->gguf, x[i]->shard),
+                .path = tr_gguf_shard_path(m->gguf, x[i]->shard),
+                .offset = x[i]->file_offset,
+                .stride = x[i]->expert_bytes,
+                .bytes = x[i]->expert_bytes,
+            };
+        }
+    }
+    const tr_expert_layout layout = {hp->n_layer, hp->n_expert, hp->n_expert_used, layers};
+    uint64_t budget = p->expert_cache_bytes;
+    if (budget == TR_EXPERT_CACHE_MIN) budget = tr_expert_cache_min_budget(&layout);
+    if (!budget) {
+        const uint64_t mem = p->mem_budget_bytes ? p->mem_budget_bytes : auto_mem_budget();
+        /* leave the dense weights, ~12% headroom for KV, scratch and the process itself */
+        const uint64_t reserve = m->dense_bytes + mem / 8 + (64u << 20);
+        budget = mem > reserve ? mem - reserve : 0;
+        const uint64_t all = m->expert_total_bytes + (uint64_t)hp->n_layer * hp->n_expert * 3 * 8192;
+        if (budget > all) budget = all; /* no point in more than every expert */
+        const uint64_t min = tr_expert_cache_min_budget(&layout);
+        if (budget < min) budget = min;
+    }
+    tr_expert_cache_params cp = {
+        .budget_bytes = budget,
+        .policy = p->expert_policy ? p->expert_policy : "auto",
+        .io_threads = p->io_threads,
+    };
+    tr_status s = tr_expert_cache_create(&layout, &cp, &m->experts, m->warning, sizeof m->warning,
+                                         err);
+    free(layers);
+    return s;
 }
 
 tr_status tr_model_load(const char *path, const tr_model_params *params, tr_model **out,
@@ -571,8 +666,15 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     if ((s = read_shards(m, &p, err))) goto fail;
     if ((s = bind_weights(m, err))) goto fail;
     if (m->arch->hook && (s = m->arch->hook(m, err))) goto fail;
-    for (int64_t i = 0; i < tr_gguf_n_tensors(m->gguf); i++)
-        m->weight_bytes += tr_gguf_tensor(m->gguf, i)->nbytes;
+    for (int64_t i = 0; i < tr_gguf_n_tensors(m->gguf); i++) {
+        const tr_tensor_info *ti = tr_gguf_tensor(m->gguf, i);
+        m->weight_bytes += ti->nbytes;
+        if (is_routed_expert(ti->name) && strstr(ti->name, ".weight")) m->expert_total_bytes += ti->nbytes;
+    }
+    m->dense_bytes = m->weight_bytes - m->expert_total_bytes;
+    m->expert_prefetch = p.expert_prefetch;
+    if (m->hp.n_expert > 0 && p.experts == TR_EXPERTS_CACHE && (s = setup_experts(m, &p, err)))
+        goto fail;
     m->kern = tr_kernels_best();
     if ((s = tr_pool_create(p.n_threads, &m->pool, err))) goto fail;
     free(n_head);
@@ -592,6 +694,7 @@ fail:
 
 void tr_model_free(tr_model *m) {
     if (!m) return;
+    tr_expert_cache_free(m->experts);
     tr_pool_free(m->pool);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
@@ -603,6 +706,33 @@ void tr_model_free(tr_model *m) {
 }
 
 const char *tr_model_arch(const tr_model *m) { return m->arch_name; }
+const char *tr_model_warning(const tr_model *m) { return m->warning[0] ? m->warning : NULL; }
+
+void tr_model_get_stats(const tr_model *m, tr_model_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->moe = m->hp.n_expert > 0;
+    out->dense_bytes = m->dense_bytes;
+    out->expert_total_bytes = m->expert_total_bytes;
+    out->prefetch_predicted = m->prefetch_predicted;
+    out->prefetch_correct = m->prefetch_correct;
+    if (!m->experts) return;
+    tr_expert_stats st;
+    tr_expert_cache_stats(m->experts, &st);
+    out->expert_cache = true;
+    out->expert_policy = st.policy;
+    out->direct_io = st.direct_io;
+    out->expert_hits = st.hits;
+    out->expert_misses = st.misses;
+    out->expert_bytes_read = st.bytes_read;
+    out->expert_reads = st.reads;
+    out->expert_io_wait_ns = st.io_wait_ns;
+    out->expert_cache_bytes = st.resident_bytes;
+    out->expert_budget_bytes = st.budget_bytes;
+    out->expert_evictions = st.evictions;
+    out->prefetch_issued = st.prefetch_issued;
+    out->prefetch_used = st.prefetch_used;
+    out->prefetch_wasted_bytes = st.prefetch_wasted_bytes;
+}
 int32_t tr_model_n_vocab(const tr_model *m) { return m->hp.n_vocab; }
 int32_t tr_model_n_ctx_train(const tr_model *m) { return m->hp.n_ctx_train; }
 int32_t tr_model_n_embd(const tr_model *m) { return m->hp.n_embd; }

@@ -114,6 +114,12 @@ struct tr_model {
     void (*route_hook)(void *user, int32_t layer, int32_t rows, const int32_t *pos,
                        const int32_t *sel, const float *w, int32_t k);
     void *route_hook_user;
+    int expert_prefetch;          /* experts of the next layer to read ahead */
+    int32_t pred_layer, pred_n;   /* the last prediction, checked when that layer routes */
+    int32_t pred[256];
+    uint64_t prefetch_predicted, prefetch_correct;
+    uint64_t dense_bytes, expert_total_bytes;
+    char warning[512];
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
     void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */
     size_t n_owned, cap_owned;

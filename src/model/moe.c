@@ -116,6 +116,41 @@ static void run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e
     }
 }
 
+/* Prefetch: apply the next MoE layer's router to this layer's FFN input (the residual stream
+ * changes little from one layer to the next, so its router's choice is a good guess) and start
+ * reading the top predicted experts while this layer computes. Decode only (few rows). */
+static void predict_next(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
+    const tr_hparams *hp = &m->hp;
+    int32_t ln = l + 1;
+    while (ln < hp->n_layer && !m->layers[ln].moe) ln++;
+    if (ln >= hp->n_layer) return;
+    const tr_layer *N = &m->layers[ln];
+    const int64_t E = hp->n_embd;
+    const int32_t NE = hp->n_expert;
+    int32_t want = m->expert_prefetch < NE ? m->expert_prefetch : NE;
+    for (int32_t r = 0; r < rows; r++) {
+        float *xn = sc->moe_in + (size_t)r * E;
+        tr_rmsnorm(xn, sc->x + (size_t)r * E, N->ffn_norm, E, hp->rms_eps);
+        if (N->ffn_norm_b)
+            for (int64_t j = 0; j < E; j++) xn[j] += N->ffn_norm_b[j];
+    }
+    tr_matmul(m->pool, m->kern, &N->router, sc->moe_in, rows, sc->moe_logits, sc->mm);
+    add_rows_bias(sc->moe_logits, N->router_b, rows, NE);
+    int32_t n = 0;
+    for (int32_t r = 0; r < rows && n < (int32_t)(sizeof m->pred / sizeof m->pred[0]); r++) {
+        int32_t top[64];
+        top_k(sc->moe_logits + (size_t)r * NE, NE, want > 64 ? 64 : want, top);
+        for (int32_t j = 0; j < want && j < 64; j++) {
+            bool dup = false;
+            for (int32_t i = 0; i < n; i++) dup |= m->pred[i] == top[j];
+            if (!dup && n < (int32_t)(sizeof m->pred / sizeof m->pred[0])) m->pred[n++] = top[j];
+        }
+    }
+    m->pred_layer = ln;
+    m->pred_n = n;
+    tr_expert_cache_prefetch(m->experts, ln, m->pred, n);
+}
+
 tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float *out,
                      tr_error *err) {
     const tr_hparams *hp = &m->hp;
@@ -135,6 +170,18 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
     }
     if (m->route_hook)
         m->route_hook(m->route_hook_user, l, rows, sc->row_pos, sc->moe_sel, sc->moe_w, K);
+    /* how good was the prediction made for this layer? (predicted experts the router chose) */
+    if (m->pred_layer == l && m->pred_n > 0) {
+        for (int32_t i = 0; i < rows * K; i++)
+            for (int32_t j = 0; j < m->pred_n; j++)
+                if (sc->moe_sel[i] == m->pred[j]) {
+                    m->prefetch_correct++;
+                    break;
+                }
+        m->prefetch_predicted += (uint64_t)rows * (uint64_t)K;
+        m->pred_n = 0;
+    }
+    if (m->experts && m->expert_prefetch > 0 && rows <= 4) predict_next(m, sc, l, rows);
 
     /* group (row, slot) pairs by expert: counting sort, rows ascending within an expert */
     memset(sc->moe_off, 0, (size_t)(NE + 1) * sizeof *sc->moe_off);

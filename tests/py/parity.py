@@ -60,9 +60,9 @@ def sha256(path):
     return h.hexdigest()
 
 
-def terrace_logits(terrace, model, toks, batch, out):
+def terrace_logits(terrace, model, toks, batch, out, extra=()):
     subprocess.run([terrace, "logits", "-m", model, "--tokens", ",".join(map(str, toks)),
-                    "-b", str(batch), "--out", out], check=True)
+                    "-b", str(batch), "--out", out, *extra], check=True)
     return np.fromfile(out, dtype=np.float32).reshape(len(toks), -1)
 
 
@@ -125,9 +125,24 @@ def main():
                         failures += 1
                         continue
                 # terrace, in one batch and in ragged chunks of 7 (prefill chunking must not
-                # change the result)
-                for batch in (512, 7):
-                    got = terrace_logits(terrace, path, toks, batch, os.path.join(tmp, "t.f32"))
+                # change the result); MoE models also with the expert cache at its smallest
+                # legal budget and with plain mmap experts: the budget must never change the
+                # output, bit for bit
+                runs = [(512, ()), (7, ())]
+                if arch in synth.MOE_ARCHS:
+                    runs += [(512, ("--expert-cache", "min")), (512, ("--experts", "mmap"))]
+                first = None
+                for batch, extra in runs:
+                    got = terrace_logits(terrace, path, toks, batch, os.path.join(tmp, "t.f32"),
+                                         extra)
+                    if extra:
+                        same = np.array_equal(got, first)
+                        failures += not same
+                        rows.append((f"{key} {' '.join(extra)}", batch, 1.0 if same else 0.0,
+                                     0.0, 0.0 if same else float("inf"), same))
+                        continue
+                    if first is None:
+                        first = got
                     top1, med, diff = compare(entry, got)
                     max_abs = (MAX_ABS_MOE if arch in synth.MOE_ARCHS else MAX_ABS)[qt]
                     ok = top1 >= MIN_TOP1[qt] and med <= MAX_MEDIAN[qt] and diff <= max_abs
@@ -135,6 +150,9 @@ def main():
                     rows.append((key, batch, top1, med, diff, ok))
     print(f"{'model':16s} {'batch':>5s} {'top-1 agree':>11s} {'median':>9s} {'max |dlogit|':>12s}")
     for key, batch, top1, med, diff, ok in rows:
+        if " --" in key:
+            print(f"{key:40s} {'identical to the default run' if ok else 'DIFFERS from the default run: FAIL'}")
+            continue
         print(f"{key:16s} {batch:5d} {100 * top1:10.1f}% {med:9.2e} {diff:12.2e}  "
               f"{'ok' if ok else 'FAIL'}")
     if mode == "record":

@@ -1,0 +1,28 @@
+#ifndef TR_TOOLS_TELEMETRY_H
+#define TR_TOOLS_TELEMETRY_H
+
+#include "common.h"
+
+#define TELEM_WINDOW 256
+
+typedef struct gen_sink_info {
+    const char *extra; /* more "key": value pairs for the JSON line, or NULL */
+} gen_sink_info;
+
+typedef struct telem {
+    tr_model *model;
+    FILE *f;
+    bool status, shown;
+    int rows; /* terminal rows when the bottom line is reserved for the status */
+    double t0, last_status;
+    double times[TELEM_WINDOW];
+    int n_times;
+} telem;
+
+/* path may be NULL (status line only, when stderr is a terminal) */
+bool telem_open(telem *t, const char *path, tr_model *m);
+/* after each generated token: JSON line + status line (at most 4 updates a second) */
+void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const gen_sink_info *info);
+void telem_close(telem *t);
+
+#endif
