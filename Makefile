@@ -20,7 +20,7 @@ ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
 LDLIBS  := -lpcre2-8 -lpthread -lm
 CLI_LIBS := -lcjson
 
-LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c
 CLI_SRC := $(wildcard tools/*.c)
 
@@ -36,7 +36,7 @@ FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512b
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench \
+.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay \
         format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
 
 all: $(BUILD)/terrace
@@ -68,6 +68,8 @@ test: deps
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/asan \
 	    OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    build/asan/terrace $(TEST_BIN:build/%=build/asan/%)
+	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
+	    build/tsan/tests/test_moe build/tsan/tests/test_pool
 	@$(MAKE) --no-print-directory cross-aarch64
 	@bash tests/run.sh
 
@@ -86,6 +88,14 @@ parity: deps all peer
 # terrace vs llama.cpp speed, same files and prompts, one run (results: bench/results/dense.md)
 bench: deps all peer
 	@bash bench/bench_dense.sh
+
+# a MoE model bigger than memory, in a capped cgroup (root; results: bench/results/moe.md)
+bench-moe: deps all peer
+	@bash bench/bench_moe.sh
+
+# expert-cache policies on the shared Qwen3-30B routing trace (results: bench/results/replay.md)
+bench-replay: all
+	./build/terrace replay ../shared/testdata/routes/qwen3-30b-a3b.route.csv
 
 # every source file must compile for aarch64 with the generic kernels (no x86 intrinsics leak)
 cross-aarch64:

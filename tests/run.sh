@@ -67,6 +67,11 @@ $PY tests/py/synth.py gemma3 F32 "$TMP/synth-gemma3.gguf"
 run "test_model qwen3 [build]" build/tests/test_model "$TMP/synth-qwen3.gguf"
 run "test_model gemma3 (sliding window) [build]" build/tests/test_model "$TMP/synth-gemma3.gguf"
 run "test_model qwen3 [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_model" "$TMP/synth-qwen3.gguf"
+# MoE through the expert cache: budgets never change the output, faults, sharing (+ TSan)
+$PY tests/py/synth.py qwen2moe Q8_0 "$TMP/synth-qwen2moe.gguf"
+run "test_moe qwen2moe [build]" build/tests/test_moe "$TMP/synth-qwen2moe.gguf"
+run "test_moe qwen2moe [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_moe" "$TMP/synth-qwen2moe.gguf"
+run "test_moe qwen2moe [build/tsan]" build/tsan/tests/test_moe "$TMP/synth-qwen2moe.gguf"
 run "logit parity vs llama.cpp, synthetic models (tests/ref/parity-synth.json)" \
     $PY tests/py/parity.py check build/terrace tests/ref/parity-synth.json
 
@@ -81,10 +86,7 @@ else
 fi
 
 # --- thread pool under ThreadSanitizer ---------------------------------------------------------
-run "build test_pool [tsan]" ${CC:-cc} -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Itests -O1 -g \
-    -fsanitize=thread -o "$TMP/test_pool_tsan" tests/test_pool.c src/core/pool.c src/core/error.c \
-    -lpthread
-[ -x "$TMP/test_pool_tsan" ] && run "test_pool [tsan]" "$TMP/test_pool_tsan"
+run "test_pool [build/tsan]" build/tsan/tests/test_pool
 
 # --- terrace inspect on every vocabulary GGUF in the shared test data ---------------------------
 if need_testdata "inspect shared vocab files"; then

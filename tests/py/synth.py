@@ -80,6 +80,9 @@ def byte_tokens():
 # a ~1.1B-parameter llama-shaped model for speed benchmarks (bench/bench_dense.sh)
 BIG = {"llama-1b": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
                         n_vocab=32000)}
+# a >= 1 GiB (at Q4_K_M) qwen3moe for the bigger-than-memory benchmark (bench/bench_moe.sh)
+BIG_MOE = {"qwen3moe-1g": dict(n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, head_dim=64,
+                               n_expert=64, top_k=8, n_ff_exp=512)}
 
 
 class FastRng:
@@ -96,6 +99,8 @@ def write(arch, qtype, path):
     global N_VOCAB
     if arch in MOE_ARCHS:
         return _write_moe(arch, MOE_ARCHS[arch], qtype, path)
+    if arch in BIG_MOE:
+        return _write_moe("qwen3moe", BIG_MOE[arch], qtype, path, FastRng(2))
     big = arch in BIG
     cfg = BIG[arch] if big else ARCHS[arch]
     saved_vocab = N_VOCAB
@@ -198,10 +203,10 @@ def _tokenizer(w):
     w.add_eos_token_id(N_VOCAB - 1)
 
 
-def _write_moe(arch, cfg, qtype, path):
+def _write_moe(arch, cfg, qtype, path, fast_rng=None):
     E, L, H, KV, HD = (cfg[k] for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim"))
     NE, K, FE = cfg["n_expert"], cfg["top_k"], cfg["n_ff_exp"]
-    rng = Rng(hash_seed(arch))
+    rng = fast_rng or Rng(hash_seed(arch))
     garch = "llama" if arch == "mixtral" else arch
     w = gguf.GGUFWriter(path, garch)
     w.add_name(f"terrace synthetic {arch} {qtype}")

@@ -110,6 +110,21 @@ def main():
         expect("perplexity: text too short", ["perplexity", "-m", good, "-p", "short text",
                                               "-c", "64"], 1, ["tokens", "2 * c"])
         expect("bench: context too big", ["bench", "-m", good, "-p", "99999999"], 2, ["-p"])
+        # MoE: a budget below one layer's top-k; an I/O error while reading an expert
+        moe = p("moe.gguf")
+        synth.write("qwen3moe", "Q8_0", moe)
+        expect("expert budget too small", ["run", "-m", moe, "-p", "hi", "--expert-cache", "64K"],
+               1, ["expert cache", "minimum"])
+        expect("bad expert budget", ["run", "-m", moe, "-p", "hi", "--expert-cache", "lots"], 2,
+               ["--expert-cache"])
+        expect("bad experts mode", ["run", "-m", moe, "-p", "hi", "--experts", "disk"], 2,
+               ["--experts"])
+        expect("unknown policy", ["run", "-m", moe, "-p", "hi", "--expert-policy", "magic"], 1,
+               ["magic"])
+        os.environ["TERRACE_FAULT_READ"] = "2"
+        expect("EIO reading an expert", ["run", "-m", moe, "-p", "hello there", "-n", "8"], 1,
+               ["read error", "expert"])
+        del os.environ["TERRACE_FAULT_READ"]
         # and the good model works end to end through every command
         rc, out, err = run(["run", "-m", good, "-p", "hello", "-n", "4", "--temp", "0"])
         check(rc == 0 and "tok/s" in err, f"run on the good model: rc {rc} {err[-300:]}")
