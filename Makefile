@@ -69,7 +69,7 @@ test: deps
 	    OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    build/asan/terrace $(TEST_BIN:build/%=build/asan/%)
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
-	    build/tsan/tests/test_moe build/tsan/tests/test_pool
+	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache
 	@$(MAKE) --no-print-directory cross-aarch64
 	@bash tests/run.sh
 

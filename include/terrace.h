@@ -277,6 +277,11 @@ typedef struct tr_model_stats {
 } tr_model_stats;
 void tr_model_get_stats(const tr_model *m, tr_model_stats *out);
 
+/* --route-trace: write every routing decision (CSV, the format `terrace replay` reads) until
+ * close; the file is complete only after tr_model_route_trace_close (or tr_model_free). */
+tr_status tr_model_route_trace_open(tr_model *m, const char *path, tr_error *err);
+tr_status tr_model_route_trace_close(tr_model *m, tr_error *err);
+
 typedef struct tr_session_params {
     int32_t n_ctx;    /* context length in tokens; <= 0: min(training context, 4096) */
     int32_t n_batch;  /* most tokens one eval call computes at once; <= 0: 512 */

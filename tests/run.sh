@@ -67,6 +67,11 @@ $PY tests/py/synth.py gemma3 F32 "$TMP/synth-gemma3.gguf"
 run "test_model qwen3 [build]" build/tests/test_model "$TMP/synth-qwen3.gguf"
 run "test_model gemma3 (sliding window) [build]" build/tests/test_model "$TMP/synth-gemma3.gguf"
 run "test_model qwen3 [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_model" "$TMP/synth-qwen3.gguf"
+# the expert cache alone: exact bytes, budgets, pins, prefetch, EIO/short reads, a file truncated
+# under it, O_DIRECT and buffered, 4 threads (ASan, TSan)
+run "test_expert_cache [build]" build/tests/test_expert_cache
+run "test_expert_cache [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_expert_cache"
+run "test_expert_cache [build/tsan]" build/tsan/tests/test_expert_cache
 # MoE through the expert cache: budgets never change the output, faults, sharing (+ TSan)
 $PY tests/py/synth.py qwen2moe Q8_0 "$TMP/synth-qwen2moe.gguf"
 run "test_moe qwen2moe [build]" build/tests/test_moe "$TMP/synth-qwen2moe.gguf"

@@ -26,7 +26,8 @@
 #define TR_EXPERT_MAX_TOPK 64
 
 typedef struct tr_expert_part {
-    int fd;              /* shard file, opened O_RDONLY by the GGUF reader */
+    int fd;              /* shard file, opened O_RDONLY by the GGUF reader; borrowed: open until
+                            tr_expert_cache_free (the cache opens its own O_DIRECT fd by path) */
     const char *path;    /* for messages */
     uint64_t offset;     /* file offset of expert 0 of this part */
     uint64_t stride;     /* bytes from one expert to the next (= bytes for stacked tensors) */
@@ -49,11 +50,13 @@ typedef struct tr_expert_cache_params {
     int io_threads;         /* <= 0: 4 */
     bool no_direct_io;      /* true: buffered pread only (default: O_DIRECT where the FS allows) */
     uint64_t seed;          /* for the random policy */
+    uint32_t read_chunk;    /* bytes per read operation (4 KiB multiple, >= 64 KiB); 0: 512 KiB */
 } tr_expert_cache_params;
 
 typedef struct tr_expert_cache tr_expert_cache;
 
-/* Checks the budget against the layout before allocating anything: below one layer's top-k
+/* The cache copies what it needs from the layout (paths included): it may be freed after create.
+ * Checks the budget against the layout before allocating anything: below one layer's top-k
  * experts (the minimum: a layer must hold all of its selected experts at once) it fails with
  * TR_E_BUDGET naming the minimum. Below one token's working set (all layers x top-k) it succeeds
  * but *warning is set to a message with the numbers (LRU cliff; "auto" then avoids LRU). */
@@ -63,7 +66,10 @@ tr_status tr_expert_cache_create(const tr_expert_layout *layout, const tr_expert
 void tr_expert_cache_free(tr_expert_cache *c);
 
 /* smallest legal budget for this layout (one layer's top-k experts, allocation rounding
- * included) and one token's working set */
+ * included: a slot holds each part in whole 4 KiB pages plus one page for O_DIRECT alignment,
+ * so top-k x the largest layer's slot) and one token's working set (the same slots, every MoE
+ * layer). The budget bounds the arena only; bookkeeping (tens of bytes per expert of the model
+ * and per slot) is outside it. */
 uint64_t tr_expert_cache_min_budget(const tr_expert_layout *layout);
 uint64_t tr_expert_cache_token_working_set(const tr_expert_layout *layout);
 
@@ -76,7 +82,8 @@ uint64_t tr_expert_cache_token_working_set(const tr_expert_layout *layout);
 typedef struct tr_expert_request {
     int32_t layer, n;
     int32_t experts[TR_EXPERT_MAX_TOPK];
-    /* filled as experts become ready: part pointers into the arena */
+    /* filled as experts become ready: part pointers into the arena, valid until release; each
+     * sits at its file offset's position within a 4 KiB page, as in an mmap of the file */
     const void *data[TR_EXPERT_MAX_TOPK][TR_EXPERT_MAX_PARTS];
     /* internal bookkeeping */
     uint64_t handed;  /* bitmask of indices already returned by next_ready (64 = MAX_TOPK) */
@@ -97,16 +104,25 @@ tr_status tr_expert_cache_next_ready(tr_expert_cache *c, tr_expert_request *req,
 void tr_expert_cache_release(tr_expert_cache *c, tr_expert_request *req);
 
 /* Router information for router-aware policies: this layer's selected experts and their weights
- * (and, when available, the full probability vector over n_expert). */
+ * (and, when available, the full probability vector over n_expert). Each call is one visit of the
+ * layer for the policy (LRFU/"layered" age a layer's experts by its visits), so call it once per
+ * layer step: for a prefill batch, pass every row's top-k in one call (duplicates are fine). A
+ * layer step without a call is counted by its first acquire. */
 void tr_expert_cache_observe(tr_expert_cache *c, int32_t layer, const int32_t *experts,
                              const float *weights, int32_t n, const float *probs);
 
 /* Prefetch: start reading these experts of `layer` if absent and there is room without evicting
- * anything pinned; never blocks. Counted separately so its accuracy and cost can be reported. */
+ * anything pinned; never blocks. Counted separately so its accuracy and cost can be reported. The
+ * policy admits them without counting an access (the acquire that uses one does). */
 void tr_expert_cache_prefetch(tr_expert_cache *c, int32_t layer, const int32_t *experts, int32_t n);
 
+/* Whether (layer, expert) is in the cache now: resident, or being read (an acquire would count it
+ * a hit). A snapshot: another thread may change it right after. */
+bool tr_expert_cache_is_resident(const tr_expert_cache *c, int32_t layer, int32_t expert);
+
 typedef struct tr_expert_stats {
-    uint64_t hits, misses;           /* acquire lookups */
+    uint64_t hits, misses;           /* acquire lookups; a hit is resident or already being read
+                                        (a prefetch in flight), a miss starts a read */
     uint64_t bytes_read;             /* from storage, demand + prefetch */
     uint64_t reads;                  /* read operations issued */
     uint64_t io_wait_ns;             /* compute thread blocked in next_ready (and in acquire,
@@ -120,7 +136,8 @@ typedef struct tr_expert_stats {
     uint64_t failed_reads;           /* experts dropped after a read error */
     uint64_t prefetch_issued, prefetch_used, prefetch_wasted_bytes;
     uint64_t evictions;
-    bool direct_io;                  /* O_DIRECT in use */
+    bool direct_io;                  /* O_DIRECT in use (for every file; false when any file
+                                        fell back to buffered pread) */
     const char *policy;              /* the policy in effect ("auto" resolved) */
 } tr_expert_stats;
 

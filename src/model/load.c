@@ -694,6 +694,7 @@ fail:
 
 void tr_model_free(tr_model *m) {
     if (!m) return;
+    tr_model_route_trace_close(m, NULL);
     tr_expert_cache_free(m->experts);
     tr_pool_free(m->pool);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);

@@ -114,6 +114,7 @@ struct tr_model {
     void (*route_hook)(void *user, int32_t layer, int32_t rows, const int32_t *pos,
                        const int32_t *sel, const float *w, int32_t k);
     void *route_hook_user;
+    int32_t trace_turn;
     int expert_prefetch;          /* experts of the next layer to read ahead */
     int32_t pred_layer, pred_n;   /* the last prediction, checked when that layer routes */
     int32_t pred[256];

@@ -161,13 +161,11 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
     /* router (F32 activations, as llama.cpp) and the per-row choice */
     tr_matmul(m->pool, m->kern, &L->router, sc->xn, rows, sc->moe_logits, sc->mm);
     add_rows_bias(sc->moe_logits, L->router_b, rows, NE);
-    for (int32_t r = 0; r < rows; r++) {
+    for (int32_t r = 0; r < rows; r++)
         tr_moe_route(m, sc->moe_logits + (size_t)r * NE, sc->moe_sel + (size_t)r * K,
                      sc->moe_w + (size_t)r * K);
-        if (m->experts)
-            tr_expert_cache_observe(m->experts, l, sc->moe_sel + (size_t)r * K,
-                                    sc->moe_w + (size_t)r * K, K, NULL);
-    }
+    /* one layer visit for the policies, with every row's choice (duplicates are fine) */
+    if (m->experts) tr_expert_cache_observe(m->experts, l, sc->moe_sel, sc->moe_w, rows * K, NULL);
     if (m->route_hook)
         m->route_hook(m->route_hook_user, l, rows, sc->row_pos, sc->moe_sel, sc->moe_w, K);
     /* how good was the prediction made for this layer? (predicted experts the router chose) */

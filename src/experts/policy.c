@@ -1,0 +1,683 @@
+/*
+ * Expert-cache replacement policies (see policy.h for the contract).
+ *
+ * One data structure serves every ordered policy: each layer keeps an indexed min-heap of its
+ * evictable items (resident, not pinned), and a second heap orders the layers by their cheapest
+ * item. Eviction takes the global minimum from the top of both, or (layered) the staging layer's
+ * own minimum. An item's priority is a pair (a, b) compared lexicographically:
+ *
+ *   lru      (0, last access stamp)
+ *   lfu      (accesses, last access stamp)
+ *   belady   (-next use position, stamp)            never used again: -inf, evicted first
+ *   lrfu     (log f - t log(decay), -stamp)         f: router-weighted count at the layer's visit t
+ *
+ * LRFU's value f decays by `decay` per visit of the item's own layer. Storing
+ * K = log f - t log(decay) makes an item's key static between its own accesses; its current
+ * log-value is K + visits[layer] * log(decay), so a layer's visit shifts all of its items by the
+ * same amount. That shift lives in the layer heap's key (layer offset), not in the items: a visit
+ * costs one layer-heap fix, not a pass over the layer's experts.
+ *
+ * Pinned items leave the heaps and come back on their last unpin, so the heap tops are always
+ * evictable and an admit never scans.
+ */
+#include "experts/policy.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define NOT_IN_HEAP UINT32_MAX
+#define MAX_LAYERS  65536      /* sanity bounds on caller input, not capacity limits:    */
+#define MAX_KEYS    (1u << 28) /* tables are sized from the values actually given        */
+/* A selection adds w^0.5 (router weight w) to an item's LRFU count: weight-aware without letting
+ * the top-1 expert dominate. On the shared Qwen3 trace weights against plain counts change the
+ * hit rate by at most 0.2 points either way (replay.md); what carries the gain is the per-layer
+ * visit clock and the layer shares, not the weights. */
+#define WEIGHT_EXPONENT 0.5
+
+static const char *const k_names[TR_POLICY_COUNT] = {
+    [TR_POLICY_AUTO] = "auto",       [TR_POLICY_LRU] = "lru",       [TR_POLICY_LFU] = "lfu",
+    [TR_POLICY_RANDOM] = "random",   [TR_POLICY_BELADY] = "belady", [TR_POLICY_LRFU] = "lrfu",
+    [TR_POLICY_LAYERED] = "layered",
+};
+
+const char *tr_policy_name(tr_policy_kind k) {
+    return (unsigned)k < TR_POLICY_COUNT ? k_names[k] : "?";
+}
+
+const char *tr_policy_names(void) { return "auto,lru,lfu,random,belady,lrfu,layered"; }
+
+tr_status tr_policy_parse(const char *name, tr_policy_kind *out, tr_error *err) {
+    for (int k = 0; k < TR_POLICY_COUNT; k++)
+        if (name && !strcmp(name, k_names[k])) {
+            *out = (tr_policy_kind)k;
+            return TR_OK;
+        }
+    return tr_fail(err, TR_E_ARG, "unknown expert policy '%s' (known: %s)", name ? name : "(null)",
+                   tr_policy_names());
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The cliff                                                                                      */
+
+uint64_t tr_policy_working_set(int32_t n_layer, const uint64_t *expert_bytes,
+                               int32_t n_expert_used) {
+    uint64_t ws = 0;
+    if (!expert_bytes || n_expert_used <= 0) return 0;
+    for (int32_t l = 0; l < n_layer; l++) ws += (uint64_t)n_expert_used * expert_bytes[l];
+    return ws;
+}
+
+bool tr_policy_lru_collapses(uint64_t budget_bytes, uint64_t working_set) {
+    return budget_bytes < working_set;
+}
+
+tr_policy_kind tr_policy_auto(uint64_t budget_bytes, uint64_t working_set) {
+    /* Both sides of the cliff get "layered": above it, its per-layer shares keep each layer's
+     * recent experts from being pushed out by the other layers (the failure that makes global
+     * recency weak near the cliff); below it no share holds a layer's top-k, so it falls back to
+     * global LRFU, which keeps the most used experts resident instead of cycling them. The
+     * branch stays so the two regimes can be given different policies when measurements say so. */
+    return tr_policy_lru_collapses(budget_bytes, working_set) ? TR_POLICY_LAYERED
+                                                              : TR_POLICY_LAYERED;
+}
+
+bool tr_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes, uint64_t working_set,
+                             tr_policy_kind kind) {
+    if (cap) buf[0] = 0;
+    if (!tr_policy_lru_collapses(budget_bytes, working_set)) return false;
+    if (cap)
+        snprintf(buf, cap,
+                 "expert cache budget %.1f MiB is below one token's working set %.1f MiB (every "
+                 "MoE layer x top-k x expert bytes, %.2fx the budget): plain LRU would evict each "
+                 "expert before its layer comes round again (~0%% hits); policy '%s' is used%s",
+                 budget_bytes / 1048576.0, working_set / 1048576.0,
+                 budget_bytes ? (double)working_set / (double)budget_bytes : 0.0,
+                 tr_policy_name(kind),
+                 kind == TR_POLICY_LRU ? " anyway (asked for explicitly)" : " instead");
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* State                                                                                          */
+
+struct tr_policy {
+    tr_policy_kind kind;
+    int32_t n_layer, n_expert;
+    uint32_t n_keys;
+    uint64_t budget, used, pinned_bytes;
+    double log_decay; /* lrfu/layered: log(decay) <= 0 */
+
+    /* per key (layer * n_expert + expert) */
+    uint64_t *bytes; /* resident size; 0 = not resident */
+    uint32_t *pins;
+    uint64_t *stamp; /* clock of the last access */
+    uint64_t *freq;  /* accesses (lfu) */
+    double *pa;      /* priority, see the top of the file */
+    uint64_t *pb;
+    double *pend_w; /* lrfu: router increment announced by route() for visit pend_at */
+    uint64_t *pend_at;
+
+    /* per layer */
+    uint64_t *visits;
+    uint64_t *layer_used, *share;
+    uint32_t *heap; /* [n_layer * n_expert]: layer l's item heap at heap + l * n_expert */
+    uint32_t *heap_n;
+    uint32_t *pos; /* [n_keys] index in its layer's heap, NOT_IN_HEAP when absent */
+    uint32_t *lheap, lheap_n, *lpos; /* the heap of layers */
+    double *la;                      /* layer key: its top item's key shifted by the layer offset */
+    uint64_t *lb;
+
+    /* random */
+    uint32_t *ev, *ev_pos, ev_n;
+    uint64_t rng;
+
+    /* belady */
+    tr_policy_key *future;
+    size_t n_future, cursor;
+    size_t *occ_off; /* [n_keys + 1] */
+    size_t *occ_pos; /* [n_future] positions of each key's accesses, ascending */
+    size_t *occ_ptr; /* [n_keys] index (relative) of the next access not yet looked up */
+
+    tr_policy_key *victims;
+    size_t n_victims;
+    int32_t last_layer; /* the staging layer of the last admit, for trim */
+    uint64_t clock, n_resident;
+    tr_policy_stats st;
+};
+
+static bool uses_heaps(const tr_policy *p) { return p->kind != TR_POLICY_RANDOM; }
+static bool is_lrfu(const tr_policy *p) {
+    return p->kind == TR_POLICY_LRFU || p->kind == TR_POLICY_LAYERED;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Indexed heaps. One routine pair serves both levels: ids, their positions and their keys.       */
+
+typedef struct hview {
+    uint32_t *h, *n, *pos;
+    const double *a;
+    const uint64_t *b;
+} hview;
+
+static bool hless(const hview *v, uint32_t x, uint32_t y) {
+    return v->a[x] < v->a[y] || (v->a[x] == v->a[y] && v->b[x] < v->b[y]);
+}
+
+static void hset(const hview *v, uint32_t i, uint32_t id) {
+    v->h[i] = id;
+    v->pos[id] = i;
+}
+
+static void hup(const hview *v, uint32_t i) {
+    uint32_t id = v->h[i];
+    while (i > 0) {
+        uint32_t parent = (i - 1) / 2;
+        if (!hless(v, id, v->h[parent])) break;
+        hset(v, i, v->h[parent]);
+        i = parent;
+    }
+    hset(v, i, id);
+}
+
+static void hdown(const hview *v, uint32_t i) {
+    uint32_t id = v->h[i], n = *v->n;
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && hless(v, v->h[c + 1], v->h[c])) c++;
+        if (!hless(v, v->h[c], id)) break;
+        hset(v, i, v->h[c]);
+        i = c;
+    }
+    hset(v, i, id);
+}
+
+static void hpush(const hview *v, uint32_t id) {
+    hset(v, (*v->n)++, id);
+    hup(v, *v->n - 1);
+}
+
+static void hremove(const hview *v, uint32_t id) {
+    uint32_t i = v->pos[id], last = --*v->n;
+    v->pos[id] = NOT_IN_HEAP;
+    if (i == last) return;
+    uint32_t moved = v->h[last];
+    hset(v, i, moved);
+    hup(v, i);
+    hdown(v, v->pos[moved]);
+}
+
+static void hfix(const hview *v, uint32_t id) {
+    hup(v, v->pos[id]);
+    hdown(v, v->pos[id]);
+}
+
+static hview item_heap(tr_policy *p, int32_t l) {
+    return (hview){p->heap + (size_t)l * (size_t)p->n_expert, &p->heap_n[l], p->pos, p->pa, p->pb};
+}
+
+static hview layer_heap(tr_policy *p) {
+    return (hview){p->lheap, &p->lheap_n, p->lpos, p->la, p->lb};
+}
+
+/* re-keys layer l in the layer heap after its item heap or its offset changed */
+static void layer_sync(tr_policy *p, int32_t l) {
+    hview lh = layer_heap(p);
+    if (p->heap_n[l] == 0) {
+        if (p->lpos[l] != NOT_IN_HEAP) hremove(&lh, (uint32_t)l);
+        return;
+    }
+    uint32_t top = p->heap[(size_t)l * (size_t)p->n_expert];
+    double offset = is_lrfu(p) ? (double)p->visits[l] * p->log_decay : 0.0;
+    p->la[l] = p->pa[top] + offset;
+    p->lb[l] = p->pb[top];
+    if (p->lpos[l] == NOT_IN_HEAP)
+        hpush(&lh, (uint32_t)l);
+    else
+        hfix(&lh, (uint32_t)l);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Evictable set: heaps, or the flat array of the random policy                                   */
+
+static int32_t layer_of(const tr_policy *p, uint32_t k) {
+    return (int32_t)(k / (uint32_t)p->n_expert);
+}
+
+static void evictable_add(tr_policy *p, uint32_t k) {
+    if (uses_heaps(p)) {
+        int32_t l = layer_of(p, k);
+        hview v = item_heap(p, l);
+        hpush(&v, k);
+        layer_sync(p, l);
+    } else {
+        p->ev_pos[k] = p->ev_n;
+        p->ev[p->ev_n++] = k;
+    }
+}
+
+static void evictable_del(tr_policy *p, uint32_t k) {
+    if (uses_heaps(p)) {
+        int32_t l = layer_of(p, k);
+        hview v = item_heap(p, l);
+        hremove(&v, k);
+        layer_sync(p, l);
+    } else {
+        uint32_t i = p->ev_pos[k], last = p->ev[--p->ev_n];
+        p->ev[i] = last;
+        p->ev_pos[last] = i;
+        p->ev_pos[k] = NOT_IN_HEAP;
+    }
+}
+
+static size_t next_use(const tr_policy *p, uint32_t k) {
+    size_t i = p->occ_off[k] + p->occ_ptr[k];
+    return i < p->occ_off[k + 1] ? p->occ_pos[i] : SIZE_MAX;
+}
+
+/* recomputes k's key from its state and repositions it if it is in a heap */
+static void rekey(tr_policy *p, uint32_t k) {
+    if (!uses_heaps(p)) return;
+    switch (p->kind) {
+    case TR_POLICY_LRU: p->pa[k] = 0; break;
+    case TR_POLICY_LFU: p->pa[k] = (double)p->freq[k]; break;
+    case TR_POLICY_BELADY: {
+        size_t nu = next_use(p, k);
+        p->pa[k] = nu == SIZE_MAX ? -HUGE_VAL : -(double)nu;
+        break;
+    }
+    default: break; /* lrfu: pa is maintained by the access itself */
+    }
+    /* Ties go to the least recent item, except for lrfu/layered: there equal values mean equal
+     * chances at the next visit of the item's layer, and the most recent item is the one whose
+     * layer the token has just left, so its next chance is the farthest away. Evicting it keeps
+     * a stable subset resident under a pure layer cycle, where breaking ties by age would
+     * rotate everything out just before use (the LRU cliff again). */
+    p->pb[k] = is_lrfu(p) ? UINT64_MAX - p->stamp[k] : p->stamp[k];
+    if (p->pos[k] != NOT_IN_HEAP) {
+        int32_t l = layer_of(p, k);
+        hview v = item_heap(p, l);
+        hfix(&v, k);
+        layer_sync(p, l);
+    }
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The next victim for making room for `incoming` bytes of layer `staging` (-1: none), or
+ * UINT32_MAX when nothing is evictable. */
+static uint32_t pick_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
+    if (!uses_heaps(p)) {
+        if (!p->ev_n) return UINT32_MAX;
+        /* multiply-shift instead of %: unbiased enough for n << 2^32, and no division */
+        return p->ev[(uint32_t)(((rng_next(&p->rng) >> 32) * p->ev_n) >> 32)];
+    }
+    /* layered: a layer over its fair share pays for its own misses, so one layer's burst cannot
+     * push out the experts the other layers will want when the token reaches them */
+    if (p->kind == TR_POLICY_LAYERED && staging >= 0 && p->heap_n[staging] &&
+        p->layer_used[staging] + incoming > p->share[staging])
+        return p->heap[(size_t)staging * (size_t)p->n_expert];
+    if (!p->lheap_n) return UINT32_MAX;
+    return p->heap[(size_t)p->lheap[0] * (size_t)p->n_expert];
+}
+
+static void evict(tr_policy *p, uint32_t k) {
+    uint64_t b = p->bytes[k];
+    evictable_del(p, k);
+    p->bytes[k] = 0;
+    p->n_resident--;
+    p->used -= b;
+    p->layer_used[layer_of(p, k)] -= b;
+    p->victims[p->n_victims++] =
+        (tr_policy_key){layer_of(p, k), (int32_t)(k % (uint32_t)p->n_expert)};
+    p->st.evictions++;
+    p->st.evicted_bytes += b;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Creation                                                                                       */
+
+void tr_policy_free(tr_policy *p) {
+    if (!p) return;
+    free(p->bytes);
+    free(p->pins);
+    free(p->stamp);
+    free(p->freq);
+    free(p->pa);
+    free(p->pb);
+    free(p->pend_w);
+    free(p->pend_at);
+    free(p->visits);
+    free(p->layer_used);
+    free(p->share);
+    free(p->heap);
+    free(p->heap_n);
+    free(p->pos);
+    free(p->lheap);
+    free(p->lpos);
+    free(p->la);
+    free(p->lb);
+    free(p->ev);
+    free(p->ev_pos);
+    free(p->future);
+    free(p->occ_off);
+    free(p->occ_pos);
+    free(p->occ_ptr);
+    free(p->victims);
+    free(p);
+}
+
+#define ALLOC(ptr, n) (((ptr) = calloc((n) ? (n) : 1, sizeof *(ptr))) != NULL)
+
+tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error *err) {
+    *out = NULL;
+    if (!pp) return tr_fail(err, TR_E_ARG, "expert policy: no parameters");
+    if (pp->n_layer <= 0 || pp->n_layer > MAX_LAYERS || pp->n_expert <= 0)
+        return tr_fail(err, TR_E_ARG, "expert policy: bad shape n_layer=%d n_expert=%d",
+                       pp->n_layer, pp->n_expert);
+    if ((uint64_t)pp->n_layer * (uint64_t)pp->n_expert > MAX_KEYS)
+        return tr_fail(err, TR_E_ARG, "expert policy: %d layers x %d experts is more than %u items",
+                       pp->n_layer, pp->n_expert, MAX_KEYS);
+    if ((unsigned)pp->kind >= TR_POLICY_COUNT)
+        return tr_fail(err, TR_E_ARG, "expert policy: unknown kind %d", (int)pp->kind);
+    if (pp->budget_bytes == 0) return tr_fail(err, TR_E_ARG, "expert policy: budget is 0 bytes");
+    double decay = pp->decay;
+    if (decay != 0 && !(decay > 0 && decay <= 1))
+        return tr_fail(err, TR_E_ARG, "expert policy: decay %g is not in (0, 1]", decay);
+    if (pp->kind == TR_POLICY_BELADY && pp->n_future && !pp->future)
+        return tr_fail(err, TR_E_ARG, "expert policy: belady needs the future access sequence");
+
+    tr_policy *p = calloc(1, sizeof *p);
+    if (!p) return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory");
+    p->n_layer = pp->n_layer;
+    p->n_expert = pp->n_expert;
+    p->n_keys = (uint32_t)pp->n_layer * (uint32_t)pp->n_expert;
+    p->budget = pp->budget_bytes;
+    p->last_layer = -1;
+    p->rng = pp->seed ? pp->seed : 0x7e77ace5eedull;
+
+    uint64_t ws = tr_policy_working_set(pp->n_layer, pp->expert_bytes, pp->n_expert_used);
+    p->kind = pp->kind == TR_POLICY_AUTO ? tr_policy_auto(pp->budget_bytes, ws) : pp->kind;
+    if (decay == 0) decay = p->kind == TR_POLICY_LAYERED ? 0.95 : 0.9;
+    p->log_decay = log(decay);
+
+    const size_t nk = p->n_keys, nl = (size_t)p->n_layer;
+    bool ok = ALLOC(p->bytes, nk) && ALLOC(p->pins, nk) && ALLOC(p->stamp, nk) &&
+              ALLOC(p->freq, nk) && ALLOC(p->pa, nk) && ALLOC(p->pb, nk) && ALLOC(p->pend_w, nk) &&
+              ALLOC(p->pend_at, nk) && ALLOC(p->visits, nl) && ALLOC(p->layer_used, nl) &&
+              ALLOC(p->share, nl) && ALLOC(p->heap, nk) && ALLOC(p->heap_n, nl) &&
+              ALLOC(p->pos, nk) && ALLOC(p->lheap, nl) && ALLOC(p->lpos, nl) && ALLOC(p->la, nl) &&
+              ALLOC(p->lb, nl) && ALLOC(p->victims, nk);
+    if (ok && p->kind == TR_POLICY_RANDOM) ok = ALLOC(p->ev, nk) && ALLOC(p->ev_pos, nk);
+    if (ok && p->kind == TR_POLICY_BELADY)
+        ok = ALLOC(p->future, pp->n_future) && ALLOC(p->occ_off, nk + 1) &&
+             ALLOC(p->occ_pos, pp->n_future) && ALLOC(p->occ_ptr, nk);
+    if (!ok) {
+        tr_policy_free(p);
+        return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory for %zu items", nk);
+    }
+    for (size_t k = 0; k < nk; k++) {
+        p->pos[k] = NOT_IN_HEAP;
+        p->pa[k] = -HUGE_VAL; /* lrfu: never accessed, f = 0 */
+        p->pend_at[k] = UINT64_MAX;
+    }
+    if (p->ev_pos)
+        for (size_t k = 0; k < nk; k++) p->ev_pos[k] = NOT_IN_HEAP;
+    for (size_t l = 0; l < nl; l++) p->lpos[l] = NOT_IN_HEAP;
+
+    /* layered: equal byte shares for the layers that have routed experts */
+    size_t n_moe = 0;
+    for (size_t l = 0; l < nl; l++) n_moe += !pp->expert_bytes || pp->expert_bytes[l] > 0;
+    for (size_t l = 0; l < nl; l++)
+        p->share[l] =
+            (!pp->expert_bytes || pp->expert_bytes[l] > 0) && n_moe ? p->budget / n_moe : 0;
+
+    if (p->kind == TR_POLICY_BELADY) {
+        p->n_future = pp->n_future;
+        for (size_t i = 0; i < pp->n_future; i++) {
+            tr_policy_key f = pp->future[i];
+            if (f.layer < 0 || f.layer >= p->n_layer || f.expert < 0 || f.expert >= p->n_expert) {
+                tr_policy_free(p);
+                return tr_fail(err, TR_E_ARG,
+                               "expert policy: future access %zu (%d,%d) is out of "
+                               "range",
+                               i, f.layer, f.expert);
+            }
+            p->future[i] = f;
+            p->occ_off[(size_t)f.layer * (size_t)p->n_expert + (size_t)f.expert + 1]++;
+        }
+        for (size_t k = 0; k < nk; k++) p->occ_off[k + 1] += p->occ_off[k];
+        /* fill with occ_ptr as a per-key cursor, then rewind it */
+        for (size_t i = 0; i < pp->n_future; i++) {
+            size_t k =
+                (size_t)p->future[i].layer * (size_t)p->n_expert + (size_t)p->future[i].expert;
+            p->occ_pos[p->occ_off[k] + p->occ_ptr[k]++] = i;
+        }
+        memset(p->occ_ptr, 0, nk * sizeof *p->occ_ptr);
+    }
+    p->st.budget_bytes = p->budget;
+    *out = p;
+    return TR_OK;
+}
+
+tr_policy_kind tr_policy_kind_of(const tr_policy *p) { return p->kind; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Operations                                                                                     */
+
+static tr_status check_key(const tr_policy *p, int32_t layer, int32_t expert, uint32_t *k,
+                           const char *what, tr_error *err) {
+    if (layer < 0 || layer >= p->n_layer || expert < 0 || expert >= p->n_expert)
+        return tr_fail(err, TR_E_ARG, "expert policy %s: (layer %d, expert %d) is outside %d x %d",
+                       what, layer, expert, p->n_layer, p->n_expert);
+    *k = (uint32_t)layer * (uint32_t)p->n_expert + (uint32_t)expert;
+    return TR_OK;
+}
+
+tr_status tr_policy_route(tr_policy *p, int32_t layer, const tr_policy_route_info *info,
+                          tr_error *err) {
+    if (layer < 0 || layer >= p->n_layer)
+        return tr_fail(err, TR_E_ARG, "expert policy route: layer %d is outside 0..%d", layer,
+                       p->n_layer - 1);
+    if (info && info->n < 0)
+        return tr_fail(err, TR_E_ARG, "expert policy route: %d experts", info->n);
+    if (info && info->n && !info->experts)
+        return tr_fail(err, TR_E_ARG, "expert policy route: no expert ids");
+    /* validate before changing anything */
+    for (int32_t i = 0; info && i < info->n; i++) {
+        if (info->experts[i] < 0 || info->experts[i] >= p->n_expert)
+            return tr_fail(err, TR_E_ARG,
+                           "expert policy route: layer %d expert %d is outside "
+                           "0..%d",
+                           layer, info->experts[i], p->n_expert - 1);
+        if (info->weights && !(info->weights[i] >= 0 && info->weights[i] <= 1e30f))
+            return tr_fail(err, TR_E_ARG, "expert policy route: layer %d expert %d has weight %g",
+                           layer, info->experts[i], (double)info->weights[i]);
+    }
+    uint64_t v = ++p->visits[layer];
+    if (is_lrfu(p)) {
+        layer_sync(p, layer);
+        for (int32_t i = 0; info && i < info->n; i++) {
+            uint32_t k = (uint32_t)layer * (uint32_t)p->n_expert + (uint32_t)info->experts[i];
+            if (p->pend_at[k] != v) {
+                p->pend_at[k] = v;
+                p->pend_w[k] = 0;
+            }
+            p->pend_w[k] += info->weights ? pow((double)info->weights[i], WEIGHT_EXPONENT) : 1.0;
+        }
+    }
+    return TR_OK;
+}
+
+tr_status tr_policy_lookup(tr_policy *p, int32_t layer, int32_t expert, bool *hit, tr_error *err) {
+    uint32_t k = 0;
+    tr_status s = check_key(p, layer, expert, &k, "lookup", err);
+    if (s) return s;
+    if (p->kind == TR_POLICY_BELADY) {
+        if (p->cursor >= p->n_future)
+            return tr_fail(err, TR_E_ARG,
+                           "belady: lookup %zu of (%d,%d) is past the end of the "
+                           "future sequence",
+                           p->cursor, layer, expert);
+        tr_policy_key f = p->future[p->cursor];
+        if (f.layer != layer || f.expert != expert)
+            return tr_fail(err, TR_E_ARG,
+                           "belady: lookup %zu is (%d,%d) but the future sequence "
+                           "says (%d,%d)",
+                           p->cursor, layer, expert, f.layer, f.expert);
+        p->cursor++;
+        p->occ_ptr[k]++;
+    }
+    *hit = p->bytes[k] != 0;
+    p->st.lookups++;
+    p->st.hits += *hit;
+    p->stamp[k] = ++p->clock;
+    p->freq[k]++;
+    if (is_lrfu(p)) {
+        uint64_t now = p->visits[layer];
+        double inc = p->pend_at[k] == now && p->pend_w[k] > 0 ? p->pend_w[k] : 1.0;
+        p->pend_at[k] = UINT64_MAX; /* consumed: a second lookup this visit counts 1 */
+        /* decayed value now, plus this access; K = log f - now log(decay) */
+        double logf = p->pa[k] + (double)now * p->log_decay;
+        double f = exp(logf) + inc;
+        p->pa[k] = log(f) - (double)now * p->log_decay;
+    }
+    rekey(p, k);
+    return TR_OK;
+}
+
+tr_status tr_policy_admit(tr_policy *p, int32_t layer, int32_t expert, uint64_t bytes,
+                          unsigned flags, tr_error *err) {
+    uint32_t k = 0;
+    tr_status s = check_key(p, layer, expert, &k, "admit", err);
+    if (s) return s;
+    p->n_victims = 0;
+    if (bytes == 0)
+        return tr_fail(err, TR_E_ARG, "expert policy admit: (layer %d, expert %d) has 0 bytes",
+                       layer, expert);
+    if (p->bytes[k])
+        return tr_fail(err, TR_E_ARG,
+                       "expert policy admit: (layer %d, expert %d) is already "
+                       "resident",
+                       layer, expert);
+    if (bytes > p->budget)
+        return tr_fail(err, TR_E_BUDGET,
+                       "expert policy admit: (layer %d, expert %d) needs %llu "
+                       "bytes, more than the whole budget of %llu",
+                       layer, expert, (unsigned long long)bytes, (unsigned long long)p->budget);
+    bool over = p->pinned_bytes + bytes > p->budget;
+    if (over && !(flags & TR_POLICY_OVERCOMMIT))
+        return tr_fail(err, TR_E_BUDGET,
+                       "expert policy admit: (layer %d, expert %d) needs %llu "
+                       "bytes but pinned experts hold %llu of the %llu-byte budget",
+                       layer, expert, (unsigned long long)bytes,
+                       (unsigned long long)p->pinned_bytes, (unsigned long long)p->budget);
+    while (p->used + bytes > p->budget) {
+        uint32_t v = pick_victim(p, layer, bytes);
+        if (v == UINT32_MAX) break; /* only with overcommit: the feasibility check above */
+        evict(p, v);
+    }
+    if (p->used + bytes > p->budget) p->st.overcommits++;
+    p->bytes[k] = bytes;
+    p->n_resident++;
+    p->used += bytes;
+    p->layer_used[layer] += bytes;
+    p->last_layer = layer;
+    p->st.admits++;
+    rekey(p, k);
+    evictable_add(p, k);
+    return TR_OK;
+}
+
+tr_status tr_policy_trim(tr_policy *p, tr_error *err) {
+    p->n_victims = 0;
+    while (p->used > p->budget) {
+        uint32_t v = pick_victim(p, p->last_layer, 0);
+        if (v == UINT32_MAX)
+            return tr_fail(err, TR_E_BUDGET,
+                           "expert policy trim: %llu bytes resident, budget "
+                           "%llu, and the %llu pinned bytes cannot be evicted",
+                           (unsigned long long)p->used, (unsigned long long)p->budget,
+                           (unsigned long long)p->pinned_bytes);
+        evict(p, v);
+    }
+    return TR_OK;
+}
+
+size_t tr_policy_victims(const tr_policy *p, const tr_policy_key **victims) {
+    *victims = p->victims;
+    return p->n_victims;
+}
+
+tr_status tr_policy_pin(tr_policy *p, int32_t layer, int32_t expert, tr_error *err) {
+    uint32_t k = 0;
+    tr_status s = check_key(p, layer, expert, &k, "pin", err);
+    if (s) return s;
+    if (!p->bytes[k])
+        return tr_fail(err, TR_E_ARG, "expert policy pin: (layer %d, expert %d) is not resident",
+                       layer, expert);
+    if (p->pins[k] == UINT32_MAX)
+        return tr_fail(err, TR_E_ARG, "expert policy pin: (layer %d, expert %d) pinned too often",
+                       layer, expert);
+    if (p->pins[k]++ == 0) {
+        evictable_del(p, k);
+        p->pinned_bytes += p->bytes[k];
+    }
+    return TR_OK;
+}
+
+tr_status tr_policy_unpin(tr_policy *p, int32_t layer, int32_t expert, tr_error *err) {
+    uint32_t k = 0;
+    tr_status s = check_key(p, layer, expert, &k, "unpin", err);
+    if (s) return s;
+    if (!p->pins[k])
+        return tr_fail(err, TR_E_ARG, "expert policy unpin: (layer %d, expert %d) is not pinned",
+                       layer, expert);
+    if (--p->pins[k] == 0) {
+        p->pinned_bytes -= p->bytes[k];
+        evictable_add(p, k);
+    }
+    return TR_OK;
+}
+
+tr_status tr_policy_remove(tr_policy *p, int32_t layer, int32_t expert, tr_error *err) {
+    uint32_t k = 0;
+    tr_status s = check_key(p, layer, expert, &k, "remove", err);
+    if (s) return s;
+    if (!p->bytes[k])
+        return tr_fail(err, TR_E_ARG,
+                       "expert policy remove: (layer %d, expert %d) is not "
+                       "resident",
+                       layer, expert);
+    if (p->pins[k])
+        return tr_fail(err, TR_E_ARG, "expert policy remove: (layer %d, expert %d) is pinned",
+                       layer, expert);
+    evictable_del(p, k);
+    p->used -= p->bytes[k];
+    p->layer_used[layer] -= p->bytes[k];
+    p->bytes[k] = 0;
+    p->n_resident--;
+    return TR_OK;
+}
+
+uint64_t tr_policy_resident_bytes(const tr_policy *p, int32_t layer, int32_t expert) {
+    if (layer < 0 || layer >= p->n_layer || expert < 0 || expert >= p->n_expert) return 0;
+    return p->bytes[(size_t)layer * (size_t)p->n_expert + (size_t)expert];
+}
+
+void tr_policy_get_stats(const tr_policy *p, tr_policy_stats *out) {
+    *out = p->st;
+    out->used_bytes = p->used;
+    out->pinned_bytes = p->pinned_bytes;
+    out->budget_bytes = p->budget;
+    out->resident_items = p->n_resident;
+}
