@@ -313,10 +313,18 @@ bool load_model(const gen_opts *o, loaded *out) {
     }
     out->load_ms = now_ms() - t0;
     if (tr_model_warning(out->model)) fprintf(stderr, "terrace: warning: %s\n", tr_model_warning(out->model));
+    if (o->route_trace && tr_model_route_trace_open(out->model, o->route_trace, &err)) {
+        cli_error("%s", err.msg);
+        unload_model(out);
+        return false;
+    }
     return true;
 }
 
 void unload_model(loaded *l) {
+    tr_error err = {0};
+    if (l->model && tr_model_route_trace_close(l->model, &err))
+        cli_error("%s", err.msg);
     tr_tokenizer_free(l->tok);
     tr_model_free(l->model);
     memset(l, 0, sizeof *l);

@@ -28,10 +28,10 @@
 #include "experts/policy.h"
 #include "experts/trace.h"
 
-#define MIB 1048576.0
+#define MIB         1048576.0
 #define MAX_BUDGETS 64
 
-static const double k_default_budgets[] = {250, 500, 750, 1000, 1500, 2000,
+static const double k_default_budgets[] = {250,  500,  750,  1000, 1500, 2000,
                                            2500, 3000, 4000, 6000, 8000};
 static const tr_policy_kind k_default_policies[] = {TR_POLICY_BELADY, TR_POLICY_LRU,
                                                     TR_POLICY_LFU,    TR_POLICY_RANDOM,
@@ -77,9 +77,10 @@ static int cmp_key(const void *x, const void *y) {
     const sort_key *p = x, *q = y;
 #define CMP(f)                                                                                     \
     if (p->f != q->f) return p->f < q->f ? -1 : 1;
-    CMP(turn) CMP(phase) CMP(a) CMP(b) CMP(slot) CMP(idx)
+    CMP(turn)
+    CMP(phase) CMP(a) CMP(b) CMP(slot) CMP(idx)
 #undef CMP
-    return 0;
+        return 0;
 }
 
 static void input_free(replay_input *in) {
@@ -113,8 +114,9 @@ static bool build_batches(const tr_trace *t, replay_input *in) {
     for (size_t i = 0; i < n; i++) {
         const tr_trace_row *r = &rows[i];
         bool pre = r->phase == 0;
-        k[i] = (sort_key){r->turn, pre ? r->layer : r->step, pre ? r->step : r->layer, r->slot,
-                          r->phase, (uint32_t)i};
+        k[i] = (sort_key){
+            r->turn,    pre ? r->layer : r->step, pre ? r->step : r->layer, r->slot, r->phase,
+            (uint32_t)i};
     }
     qsort(k, n, sizeof *k, cmp_key);
     for (size_t i = 0; i < n; i++) {
@@ -189,7 +191,7 @@ static bool build_batches(const tr_trace *t, replay_input *in) {
     } while (0)
 
 static tr_status run_one(const replay_input *in, tr_policy_kind kind, uint64_t budget,
-                         uint64_t seed, bool *miss, result *res, tr_error *err) {
+                         uint64_t seed, double decay, bool *miss, result *res, tr_error *err) {
     const tr_trace_info *info = in->info;
     tr_policy_params pp = {
         .kind = kind,
@@ -199,6 +201,7 @@ static tr_status run_one(const replay_input *in, tr_policy_kind kind, uint64_t b
         .budget_bytes = budget,
         .expert_bytes = info->expert_bytes,
         .seed = seed,
+        .decay = decay,
         .future = in->future,
         .n_future = in->n_future,
     };
@@ -261,11 +264,16 @@ static bool parse_budget(const char *v, uint64_t *out) {
     double mul = MIB;
     if (*end) {
         switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = MIB; break;
-        case 'g': case 'G': mul = MIB * 1024.0; break;
-        case 't': case 'T': mul = MIB * 1048576.0; break;
-        case 'b': case 'B': mul = 1.0; break;
+        case 'k':
+        case 'K': mul = 1024.0; break;
+        case 'm':
+        case 'M': mul = MIB; break;
+        case 'g':
+        case 'G': mul = MIB * 1024.0; break;
+        case 't':
+        case 'T': mul = MIB * 1048576.0; break;
+        case 'b':
+        case 'B': mul = 1.0; break;
         default: return false;
         }
         end++;
@@ -291,6 +299,7 @@ static void replay_usage(FILE *f) {
             "  --policies LIST  comma-separated, from %s\n"
             "                   (default: belady,lru,lfu,random,lrfu,layered)\n"
             "  --seed N         seed of the random policy (default 1)\n"
+            "  --decay X        lrfu/layered: decay per layer visit, in (0,1] (default 0.9/0.95)\n"
             "  --json           print the results as one JSON document\n"
             "  -h, --help       this text\n",
             tr_policy_names());
@@ -342,12 +351,14 @@ static const char *base_name(const char *p) {
 
 static void fmt_budget(char *buf, size_t cap, uint64_t b) {
     double mib = (double)b / MIB;
-    if (fabs(mib - round(mib)) < 1e-9) snprintf(buf, cap, "%.0f", mib);
-    else snprintf(buf, cap, "%.1f", mib);
+    if (fabs(mib - round(mib)) < 1e-9)
+        snprintf(buf, cap, "%.0f", mib);
+    else
+        snprintf(buf, cap, "%.1f", mib);
 }
 
-static void print_text(const char *path, const replay_input *in, const uint64_t *budgets,
-                       size_t nb, const tr_policy_kind *pol, size_t np, const result *res) {
+static void print_text(const char *path, const replay_input *in, const uint64_t *budgets, size_t nb,
+                       const tr_policy_kind *pol, size_t np, const result *res) {
     const tr_trace_info *info = in->info;
     printf("trace   %s\n", path);
     printf("model   %s (%s)\n", base_name(info->model), info->arch);
@@ -362,10 +373,15 @@ static void print_text(const char *path, const replay_input *in, const uint64_t 
            in->n_decode, in->dec_lookups);
     printf("T       %.0f MiB touched per token cycle (all layers x top-k, worst case)\n",
            (double)in->ws / MIB);
-    printf("cliff   below %.0f MiB plain LRU collapses (~0%% hits); 'auto' runs %s there and %s "
-           "above\n",
-           (double)in->ws / MIB, tr_policy_name(tr_policy_auto(in->ws ? in->ws - 1 : 0, in->ws)),
-           tr_policy_name(tr_policy_auto(in->ws, in->ws)));
+    tr_policy_kind below = tr_policy_auto(in->ws ? in->ws - 1 : 0, in->ws);
+    tr_policy_kind above = tr_policy_auto(in->ws, in->ws);
+    if (below == above)
+        printf("cliff   below %.0f MiB plain LRU collapses (~0%% hits); 'auto' runs %s\n",
+               (double)in->ws / MIB, tr_policy_name(below));
+    else
+        printf("cliff   below %.0f MiB plain LRU collapses (~0%% hits); 'auto' runs %s below, %s "
+               "above\n",
+               (double)in->ws / MIB, tr_policy_name(below), tr_policy_name(above));
     printf("\n%-10s", "budget");
     for (size_t j = 0; j < np; j++) printf(" %9s", tr_policy_name(pol[j]));
     printf("\n%-10s", "(MiB)");
@@ -382,8 +398,9 @@ static void print_text(const char *path, const replay_input *in, const uint64_t 
         }
         printf("\n");
     }
-    printf("\n(decode-only hit%%: one lookup per distinct expert of a layer step; prefill warms the "
-           "cache uncounted;\n <T: budget below one token's working set, where LRU collapses)\n");
+    printf(
+        "\n(decode-only hit%%: one lookup per distinct expert of a layer step; prefill warms the "
+        "cache uncounted;\n <T: budget below one token's working set, where LRU collapses)\n");
 }
 
 static cJSON *num(double v) { return cJSON_CreateNumber(v); }
@@ -409,7 +426,8 @@ static cJSON *build_json(const char *path, const replay_input *in, const uint64_
     cJSON_AddItemToObject(d, "working_set_mib", num((double)in->ws / MIB));
     cJSON_AddItemToObject(d, "seed", num((double)seed));
     cJSON *pl = cJSON_AddArrayToObject(d, "policies");
-    for (size_t j = 0; j < np; j++) cJSON_AddItemToArray(pl, cJSON_CreateString(tr_policy_name(pol[j])));
+    for (size_t j = 0; j < np; j++)
+        cJSON_AddItemToArray(pl, cJSON_CreateString(tr_policy_name(pol[j])));
     cJSON *rows = cJSON_AddArrayToObject(d, "budgets");
     for (size_t i = 0; i < nb; i++) {
         cJSON *row = cJSON_CreateObject();
@@ -427,7 +445,8 @@ static cJSON *build_json(const char *path, const replay_input *in, const uint64_
         for (size_t j = 0; j < np; j++) {
             const result *r = &res[i * np + j];
             const char *name = tr_policy_name(pol[j]);
-            cJSON_AddItemToObject(hp, name, num(round(pct(r->dec_hits, r->dec_lookups) * 1000) / 1000));
+            cJSON_AddItemToObject(hp, name,
+                                  num(round(pct(r->dec_hits, r->dec_lookups) * 1000) / 1000));
             cJSON *o = cJSON_AddObjectToObject(det, name);
             cJSON_AddStringToObject(o, "ran", tr_policy_name(r->ran));
             cJSON_AddItemToObject(o, "decode_hits", num((double)r->dec_hits));
@@ -448,19 +467,17 @@ static cJSON *build_json(const char *path, const replay_input *in, const uint64_
 
 int cmd_replay(int argc, char **argv) {
     static const struct option opts[] = {
-        {"budget", required_argument, NULL, 'b'},
-        {"budgets", required_argument, NULL, 'b'},
-        {"policies", required_argument, NULL, 'p'},
-        {"seed", required_argument, NULL, 's'},
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"budget", required_argument, NULL, 'b'},   {"budgets", required_argument, NULL, 'b'},
+        {"policies", required_argument, NULL, 'p'}, {"seed", required_argument, NULL, 's'},
+        {"decay", required_argument, NULL, 'd'},    {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     uint64_t budgets[MAX_BUDGETS];
     size_t nb = 0, np = 0;
     tr_policy_kind pol[TR_POLICY_COUNT];
     bool json = false;
     long seed = 1;
+    double decay = 0;
     int c;
     optind = 1;
     opterr = 0;
@@ -469,7 +486,8 @@ int cmd_replay(int argc, char **argv) {
         case 'b':
             if (!split_budgets(optarg, budgets, &nb))
                 return usage_error("--budget expects a comma-separated list of MiB numbers or "
-                                   "sizes (512M, 2G), at most 64, got", optarg);
+                                   "sizes (512M, 2G), at most 64, got",
+                                   optarg);
             break;
         case 'p':
             if (!split_policies(optarg, pol, &np)) {
@@ -480,6 +498,13 @@ int cmd_replay(int argc, char **argv) {
         case 's':
             if (!cli_parse_int("--seed", optarg, 0, 0x7fffffffL, &seed)) return CLI_EXIT_USAGE;
             break;
+        case 'd': {
+            char *end;
+            decay = strtod(optarg, &end);
+            if (*end || !(decay > 0 && decay <= 1))
+                return usage_error("--decay expects a number in (0, 1], got", optarg);
+            break;
+        }
         case 'j': json = true; break;
         case 'h': replay_usage(stdout); return 0;
         default: return usage_error("unknown or incomplete option", argv[optind - 1]);
@@ -529,7 +554,8 @@ int cmd_replay(int argc, char **argv) {
             break;
         }
         for (size_t j = 0; j < np; j++) {
-            if (run_one(&in, pol[j], budgets[i], (uint64_t)seed, miss, &res[i * np + j], &err)) {
+            if (run_one(&in, pol[j], budgets[i], (uint64_t)seed, decay, miss, &res[i * np + j],
+                        &err)) {
                 cli_error("replay: %s at %llu bytes: %s", tr_policy_name(pol[j]),
                           (unsigned long long)budgets[i], err.msg);
                 rc = CLI_EXIT_ERROR;
