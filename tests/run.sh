@@ -120,6 +120,16 @@ assert d["tokenizer"]["vocab_size"] > 0 and d["architecture"], "tokenizer/archit
     run "inspect shared vocab files [$ASAN_BUILD]" inspect_all
 fi
 
+# --- expert-cache policies and route traces; the replay of the shared Qwen3-30B trace ----------
+if need_testdata "expert policies on the shared trace"; then
+    for b in build "$ASAN_BUILD"; do
+        run "test_policy [$b]" "$b/tests/test_policy" "$TESTDATA/routes/qwen3-30b-a3b.route.csv"
+    done
+    run "terrace replay vs the published curve [$ASAN_BUILD]" $PY tests/py/test_replay.py \
+        "$ASAN_BUILD/terrace" "$TESTDATA/routes/qwen3-30b-a3b.route.csv" \
+        "$TESTDATA/routes/qwen3-30b-a3b.curve.txt"
+fi
+
 # --- tokenizers against llama.cpp's test vectors ----------------------------------------------
 run "test_tokenizer (synthetic vocabularies) [build]" build/tests/test_tokenizer
 run "test_tokenizer (synthetic vocabularies) [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_tokenizer"

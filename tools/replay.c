@@ -78,7 +78,8 @@ static int cmp_key(const void *x, const void *y) {
 #define CMP(f)                                                                                     \
     if (p->f != q->f) return p->f < q->f ? -1 : 1;
     CMP(turn)
-    CMP(phase) CMP(a) CMP(b) CMP(slot) CMP(idx)
+    CMP(phase)
+    CMP(a) CMP(b) CMP(slot) CMP(idx)
 #undef CMP
         return 0;
 }
@@ -338,6 +339,8 @@ static bool split_policies(const char *list, tr_policy_kind *k, size_t *n) {
         }
         (*n)++;
     }
+    if (!*n)
+        cli_error("replay: --policies expects a comma-separated list from %s", tr_policy_names());
     return *n > 0;
 }
 
