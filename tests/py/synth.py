@@ -81,7 +81,7 @@ def byte_tokens():
 BIG = {"llama-1b": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
                         n_vocab=32000)}
 # a >= 1 GiB (at Q4_K_M) qwen3moe for the bigger-than-memory benchmark (bench/bench_moe.sh)
-BIG_MOE = {"qwen3moe-1g": dict(n_embd=1024, n_layer=16, n_head=16, n_head_kv=4, head_dim=64,
+BIG_MOE = {"qwen3moe-1g": dict(n_embd=1024, n_layer=18, n_head=16, n_head_kv=4, head_dim=64,
                                n_expert=64, top_k=8, n_ff_exp=512)}
 
 
