@@ -266,6 +266,7 @@ typedef struct tr_model_stats {
     uint64_t expert_bytes_read;     /* from storage */
     uint64_t expert_reads;
     uint64_t expert_io_wait_ns;     /* compute blocked waiting for expert reads */
+    uint64_t expert_io_busy_ns;     /* wall time with at least one expert read in flight */
     uint64_t expert_cache_bytes;    /* occupied arena bytes */
     uint64_t expert_budget_bytes;   /* arena budget */
     uint64_t expert_evictions;

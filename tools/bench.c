@@ -63,11 +63,17 @@ int cmd_bench(int argc, char **argv) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         toks[i] = (int32_t)(x % (uint64_t)n_vocab);
     }
-    /* warm-up: touch the weights once so page-ins are not timed (as llama-bench does) */
+    /* warm-up, as llama-bench: one token, and one unmeasured generation pass, so page-ins and
+     * a cold expert cache are not what gets timed */
     if (tr_session_eval(s, toks, 1, logits, false, &err)) {
         cli_error("%s", err.msg);
         goto out;
     }
+    for (int32_t i = 1; i < ng; i++)
+        if (tr_session_eval(s, toks + i, 1, logits, false, &err)) {
+            cli_error("%s", err.msg);
+            goto out;
+        }
     result res[2];
     int n_res = 0;
     for (int t = 0; t < 2; t++) {

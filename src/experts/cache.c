@@ -110,6 +110,8 @@ struct tr_expert_cache {
     cslot *slots;
     uint32_t n_slots, jobs_per_slot;
     uint64_t chunk;     /* bytes per read */
+    uint64_t inflight;  /* reads queued or running (under mu) */
+    uint64_t busy_t0;   /* when inflight last became non-zero */
     tr_io_job *jobs;    /* [n_slots * jobs_per_slot]; a slot's jobs are the I/O pool's while it
                            loads, and untouched by anyone otherwise */
     centry *entries;    /* [n_layer * n_expert] */
@@ -379,6 +381,10 @@ static void slot_load(tr_expert_cache *c, int32_t s, int32_t key, tr_io_job **fi
         }
     }
     sl->pending = nj;
+    /* wall time with at least one read in flight: bytes_read / io_busy_ns is the bandwidth the
+     * storage delivered while we were reading */
+    if (c->inflight == 0) c->busy_t0 = tr_io_now_ns();
+    c->inflight += nj;
     if (*last)
         (*last)->next = &jobs[0];
     else
@@ -394,6 +400,7 @@ static void read_done(void *ctx, tr_io_job *j) {
     c->st.reads++;
     c->st.bytes_read += j->got;
     c->st.read_ns += j->ns;
+    if (--c->inflight == 0) c->st.io_busy_ns += tr_io_now_ns() - c->busy_t0;
     if ((j->err || j->got < j->need) && !sl->failed) {
         sl->failed = true;
         sl->err = j->err;

@@ -134,6 +134,7 @@ typedef struct tr_expert_stats {
     uint64_t budget_bytes;
     uint32_t n_slots, n_classes;     /* arena slots, slot size classes (cache.c) */
     uint64_t failed_reads;           /* experts dropped after a read error */
+    uint64_t io_busy_ns;             /* wall time with at least one read in flight */
     uint64_t prefetch_issued, prefetch_used, prefetch_wasted_bytes;
     uint64_t evictions;
     bool direct_io;                  /* O_DIRECT in use (for every file; false when any file

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "experts/cache.h"
+#include "model/session.h"
 #include "gguf/gguf_internal.h"
 #include "model/model.h"
 #include "tensor/types.h"
@@ -500,7 +501,11 @@ static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *er
     const uint32_t n = tr_gguf_n_shards(m->gguf);
     m->shard_base = calloc(n, sizeof *m->shard_base);
     if (!m->shard_base) return tr_fail(err, TR_E_NOMEM, "out of memory");
-    if (!p->no_mmap) {
+    /* With the expert cache the dense weights are read into memory terrace owns as well: next
+     * to the experts they are small, every token needs all of them, and under memory pressure
+     * the kernel would evict mapped pages and fault them back in (explicit residency, DESIGN.md) */
+    const bool moe_cache = p->experts == TR_EXPERTS_CACHE && m->hp.n_expert > 0;
+    if (!p->no_mmap && !moe_cache) {
         tr_status s = tr_gguf_map(m->gguf, err);
         if (s) return s;
         for (uint32_t i = 0; i < n; i++) m->shard_base[i] = m->gguf->shards[i].map;
@@ -600,8 +605,11 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
     if (budget == TR_EXPERT_CACHE_MIN) budget = tr_expert_cache_min_budget(&layout);
     if (!budget) {
         const uint64_t mem = p->mem_budget_bytes ? p->mem_budget_bytes : auto_mem_budget();
-        /* leave the dense weights, ~12% headroom for KV, scratch and the process itself */
-        const uint64_t reserve = m->dense_bytes + mem / 8 + (64u << 20);
+        /* leave the dense weights, a default session (KV + scratch) and headroom for the
+         * process and the kernel's own pages (code, page tables): a cgroup near its limit
+         * reclaims, and reclaim stalls cost more than a smaller cache */
+        const uint64_t reserve = m->dense_bytes + tr_session_estimate_default(m) + mem / 8 +
+                                 (96u << 20);
         budget = mem > reserve ? mem - reserve : 0;
         const uint64_t all = m->expert_total_bytes + (uint64_t)hp->n_layer * hp->n_expert * 3 * 8192;
         if (budget > all) budget = all; /* no point in more than every expert */
@@ -727,6 +735,7 @@ void tr_model_get_stats(const tr_model *m, tr_model_stats *out) {
     out->expert_bytes_read = st.bytes_read;
     out->expert_reads = st.reads;
     out->expert_io_wait_ns = st.io_wait_ns;
+    out->expert_io_busy_ns = st.io_busy_ns;
     out->expert_cache_bytes = st.resident_bytes;
     out->expert_budget_bytes = st.budget_bytes;
     out->expert_evictions = st.evictions;

@@ -50,31 +50,86 @@ static size_t mm_scratch_bytes(const tr_model *m, int32_t rows) {
     return need;
 }
 
-typedef struct layout {
-    size_t off[48];
-    int n;
-    size_t total;
-} layout;
+/* Lays the scratch of a forward pass of n_batch rows out in one block; with base NULL it only
+ * sizes it. Returns the bytes. One function for both, so the estimate cannot drift from what is
+ * allocated. */
+static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, int nth, char *base,
+                           tr_scratch *sc) {
+    const tr_hparams *hp = &m->hp;
+    const size_t R = (size_t)n_batch, E = (size_t)hp->n_embd;
+    const size_t nq = (size_t)hp->n_head_max * hp->head_dim_k;
+    const size_t no = (size_t)hp->n_head_max * hp->head_dim_v;
+    const size_t nk = (size_t)hp->n_head_kv_max * hp->head_dim_k;
+    const size_t nv = (size_t)hp->n_head_kv_max * hp->head_dim_v;
+    const size_t natt = nq > no ? nq : no;
+    const size_t NE = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+    size_t total = 0;
+#define TAKE(field, bytes)                                                                         \
+    do {                                                                                           \
+        total = (total + 63) & ~(size_t)63;                                                        \
+        if (base) sc->field = (void *)(base + total);                                              \
+        total += (bytes);                                                                          \
+    } while (0)
+    TAKE(x, R * E * 4);
+    TAKE(xn, R * E * 4);
+    TAKE(q, R * nq * 4);
+    TAKE(k, R * nk * 4);
+    TAKE(v, R * nv * 4);
+    TAKE(att, R * (natt > nk ? natt : nk) * 4);
+    TAKE(o, R * E * 4);
+    TAKE(g, R * (size_t)hp->n_ff_max * 4);
+    TAKE(u, R * (size_t)hp->n_ff_max * 4);
+    TAKE(mm, mm_scratch_bytes(m, n_batch));
+    TAKE(scores, (size_t)nth * (size_t)n_ctx * 4);
+    TAKE(p16, (size_t)nth * (size_t)n_ctx * 2);
+    TAKE(q16, (size_t)nth * (size_t)hp->head_dim_k * 2);
+    TAKE(row_sess, R * sizeof(tr_session *));
+    TAKE(row_pos, R * 4);
+    TAKE(rope_cs, R * (size_t)hp->n_rot * 4);
+    if (NE > 0) {
+        TAKE(moe_logits, R * NE * 4);
+        TAKE(moe_sel, R * K * 4);
+        TAKE(moe_w, R * K * 4);
+        TAKE(moe_off, (NE + 1) * 4);
+        TAKE(moe_fill, NE * 4);
+        TAKE(moe_rows, R * K * 4);
+        TAKE(moe_used, NE * 4);
+        TAKE(moe_in, R * E * 4);
+        TAKE(moe_slot, R * K * E * 4); /* weighted expert outputs, summed in slot order */
+    }
+#undef TAKE
+    return total;
+}
 
-/* reserves `bytes` (64-byte aligned) and returns its index in the layout */
-static int reserve(layout *lo, size_t bytes) {
-    lo->total = (lo->total + 63) & ~(size_t)63;
-    lo->off[lo->n] = lo->total;
-    lo->total += bytes;
-    return lo->n++;
+static void resolve_params(const tr_model *m, tr_session_params *p) {
+    const tr_hparams *hp = &m->hp;
+    if (p->n_ctx <= 0) p->n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (p->n_batch <= 0) p->n_batch = 512;
+    if (p->n_batch > p->n_ctx) p->n_batch = p->n_ctx;
+}
+
+static uint64_t kv_bytes_of(const tr_model *m, int32_t n_ctx) {
+    const tr_hparams *hp = &m->hp;
+    return (uint64_t)hp->n_layer * (uint64_t)n_ctx * hp->n_head_kv_max *
+           (uint64_t)(hp->head_dim_k + hp->head_dim_v) * 2;
+}
+
+uint64_t tr_session_estimate_default(const tr_model *m) {
+    tr_session_params p = tr_session_default_params();
+    resolve_params(m, &p);
+    tr_scratch dummy;
+    const int nth = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
+    return kv_bytes_of(m, p.n_ctx) + scratch_plan(m, p.n_ctx, p.n_batch, nth, NULL, &dummy);
 }
 
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
                             tr_error *err) {
     *out = NULL;
     tr_session_params p = params ? *params : tr_session_default_params();
-    const tr_hparams *hp = &m->hp;
-    if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
-    if (p.n_batch <= 0) p.n_batch = 512;
-    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    resolve_params(m, &p);
     if (p.n_ctx > (1 << 24))
         return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
-
+    const tr_hparams *hp = &m->hp;
     tr_session *s = calloc(1, sizeof *s);
     if (!s) return tr_fail(err, TR_E_NOMEM, "out of memory");
     s->m = m;
@@ -82,43 +137,13 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
     s->n_batch = p.n_batch;
     s->layer_k_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_k;
     s->layer_v_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_v;
-    const uint64_t kv_bytes = (uint64_t)hp->n_layer * (s->layer_k_elems + s->layer_v_elems) * 2;
-
-    const size_t R = (size_t)p.n_batch, E = (size_t)hp->n_embd;
-    const size_t nq = (size_t)hp->n_head_max * hp->head_dim_k;
-    const size_t no = (size_t)hp->n_head_max * hp->head_dim_v;
-    const size_t nk = (size_t)hp->n_head_kv_max * hp->head_dim_k;
-    const size_t nv = (size_t)hp->n_head_kv_max * hp->head_dim_v;
-    const size_t natt = nq > no ? nq : no;
+    const uint64_t kv_bytes = kv_bytes_of(m, p.n_ctx);
     const int nth = tr_pool_size(m->pool);
-    layout lo = {0};
-    const int ix = reserve(&lo, R * E * 4), ixn = reserve(&lo, R * E * 4),
-              iq = reserve(&lo, R * nq * 4), ik = reserve(&lo, R * nk * 4),
-              iv = reserve(&lo, R * nv * 4), iatt = reserve(&lo, R * (natt > nk ? natt : nk) * 4),
-              io = reserve(&lo, R * E * 4), ig = reserve(&lo, R * (size_t)hp->n_ff_max * 4),
-              iu = reserve(&lo, R * (size_t)hp->n_ff_max * 4),
-              imm = reserve(&lo, mm_scratch_bytes(m, p.n_batch)),
-              isc = reserve(&lo, (size_t)nth * p.n_ctx * 4),
-              ip16 = reserve(&lo, (size_t)nth * p.n_ctx * 2),
-              iq16 = reserve(&lo, (size_t)nth * hp->head_dim_k * 2),
-              irs = reserve(&lo, R * sizeof(tr_session *)), irp = reserve(&lo, R * 4),
-              ics = reserve(&lo, R * (size_t)hp->n_rot * 4);
-    const size_t NE = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
-    int ime[9] = {0};
-    if (NE > 0) {
-        ime[0] = reserve(&lo, R * NE * 4);     /* logits */
-        ime[1] = reserve(&lo, R * K * 4);      /* sel */
-        ime[2] = reserve(&lo, R * K * 4);      /* w */
-        ime[3] = reserve(&lo, (NE + 1) * 4);   /* off */
-        ime[4] = reserve(&lo, NE * 4);         /* fill */
-        ime[5] = reserve(&lo, R * K * 4);      /* rows */
-        ime[6] = reserve(&lo, NE * 4);         /* used */
-        ime[7] = reserve(&lo, R * E * 4);      /* in */
-        ime[8] = reserve(&lo, R * K * E * 4);  /* slot */
-    }
-    s->bytes = kv_bytes + lo.total;
+    tr_scratch *sc = &s->sc;
+    const size_t scratch = scratch_plan(m, p.n_ctx, p.n_batch, nth, NULL, sc);
+    s->bytes = kv_bytes + scratch;
     s->kv = aligned_alloc(64, (kv_bytes + 63) & ~(uint64_t)63);
-    s->scratch_mem = aligned_alloc(64, (lo.total + 63) & ~(size_t)63);
+    s->scratch_mem = aligned_alloc(64, (scratch + 63) & ~(size_t)63);
     if (!s->kv || !s->scratch_mem) {
         char need[64];
         snprintf(need, sizeof need, "%.1f MiB", (double)s->bytes / (1024.0 * 1024.0));
@@ -126,40 +151,12 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
         return tr_fail(err, TR_E_NOMEM,
                        "cannot allocate the session: it needs %s (KV cache %" PRIu64 " MiB for %d "
                        "tokens + %zu MiB scratch for batches of %d); lower -c or -b",
-                       need, kv_bytes >> 20, p.n_ctx, lo.total >> 20, p.n_batch);
+                       need, kv_bytes >> 20, p.n_ctx, scratch >> 20, p.n_batch);
     }
-    char *b = s->scratch_mem;
-    tr_scratch *sc = &s->sc;
+    scratch_plan(m, p.n_ctx, p.n_batch, nth, s->scratch_mem, sc);
     sc->rows = p.n_batch;
     sc->n_ctx_cap = p.n_ctx;
-    sc->x = (float *)(b + lo.off[ix]);
-    sc->xn = (float *)(b + lo.off[ixn]);
-    sc->q = (float *)(b + lo.off[iq]);
-    sc->k = (float *)(b + lo.off[ik]);
-    sc->v = (float *)(b + lo.off[iv]);
-    sc->att = (float *)(b + lo.off[iatt]);
-    sc->o = (float *)(b + lo.off[io]);
-    sc->g = (float *)(b + lo.off[ig]);
-    sc->u = (float *)(b + lo.off[iu]);
-    sc->mm = b + lo.off[imm];
     sc->nth = nth;
-    sc->scores = (float *)(b + lo.off[isc]);
-    sc->p16 = (uint16_t *)(b + lo.off[ip16]);
-    sc->q16 = (uint16_t *)(b + lo.off[iq16]);
-    sc->row_sess = (struct tr_session **)(b + lo.off[irs]);
-    sc->row_pos = (int32_t *)(b + lo.off[irp]);
-    sc->rope_cs = (float *)(b + lo.off[ics]);
-    if (NE > 0) {
-        sc->moe_logits = (float *)(b + lo.off[ime[0]]);
-        sc->moe_sel = (int32_t *)(b + lo.off[ime[1]]);
-        sc->moe_w = (float *)(b + lo.off[ime[2]]);
-        sc->moe_off = (int32_t *)(b + lo.off[ime[3]]);
-        sc->moe_fill = (int32_t *)(b + lo.off[ime[4]]);
-        sc->moe_rows = (int32_t *)(b + lo.off[ime[5]]);
-        sc->moe_used = (int32_t *)(b + lo.off[ime[6]]);
-        sc->moe_in = (float *)(b + lo.off[ime[7]]);
-        sc->moe_slot = (float *)(b + lo.off[ime[8]]);
-    }
     *out = s;
     return TR_OK;
 }

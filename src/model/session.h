@@ -62,6 +62,9 @@ static inline uint16_t *tr_sess_vt(const struct tr_session *s, int32_t l) {
     return tr_sess_k(s, l) + s->layer_k_elems;
 }
 
+/* KV + scratch bytes of a session with default parameters (for budgets computed at load) */
+uint64_t tr_session_estimate_default(const tr_model *m);
+
 /* forward.c: compute `rows` rows (row r: token tokens[r] of sc->row_sess[r] at sc->row_pos[r]).
  * logits_rows: 0 = none, 1 = last row only, rows = every row; written to `logits`. */
 tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *tokens,
