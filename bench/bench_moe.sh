@@ -61,7 +61,11 @@ err = open(sys.argv[2]).read()
 m = re.search(r"generated\s+(\d+) tokens\s+([\d.]+) ms\s+([\d.]+) tok/s", err)
 last = rows[-1]
 dec_ms = float(m.group(2))
+pf = re.search(r"prefetch\s+(\d+) predictions, ([\d.]+)% right; (\d+) reads issued, (\d+) used", err)
 print(json.dumps({"tok_s": float(m.group(3)), "majflt": last["majflt"], "bytes_read": last["bytes_read"],
+                  "pf_acc": float(pf.group(2)) if pf else None, "pf_issued": int(pf.group(3)) if pf else 0,
+                  "pf_used": int(pf.group(4)) if pf else 0,
+                  "pf_wasted_mb": last["prefetch_wasted_bytes"] / 2**20,
                   "hit_rate": last["hit_rate"], "io_wait_ms": last["io_wait_ms"],
                   "read_gbs": last["bytes_read"] / max(1e-9, last["io_busy_ms"] / 1e3) / 1e9,
                   "io_busy_ms": last["io_busy_ms"], "wall_ms": last["t_ms"],
@@ -69,6 +73,8 @@ print(json.dumps({"tok_s": float(m.group(3)), "majflt": last["majflt"], "bytes_r
 PY
 }
 cache=$(run_terrace cache)
+lru=$(run_terrace lru --expert-policy lru)
+prefetch=$(run_terrace prefetch --expert-prefetch 8)
 mmapr=$(run_terrace mmap --experts mmap)
 
 # 3. llama.cpp: mmap, weight repacking off (use_extra_bufts = false), inside the same cgroup
@@ -102,12 +108,13 @@ PY
 full=$(./build/terrace bench -m "$model" -p 0 -n "$NGEN" -r 5 -t "$THREADS" --expert-cache 4G --json)
 dense=$(./build/terrace bench -m "$model" -p 0 -n "$NGEN" -r 5 -t "$THREADS" --experts mmap --json)
 
-python3 - "$model" "$size" "$cap" "$dd_gbs" "$cache" "$mmapr" "$llama" "$full" "$dense" "$THREADS" "$NGEN" > "$OUT" <<'PY'
+python3 - "$model" "$size" "$cap" "$dd_gbs" "$cache" "$mmapr" "$llama" "$full" "$dense" "$THREADS" "$NGEN" "$lru" "$prefetch" > "$OUT" <<'PY'
 import json, sys, datetime
 model, size, cap, dd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 cache, mm, ll = (json.loads(x) for x in sys.argv[5:8])
 full, dense = json.loads(sys.argv[8])[0], json.loads(sys.argv[9])[0]
 threads, ngen = sys.argv[10], sys.argv[11]
+lru, pf = json.loads(sys.argv[12]), json.loads(sys.argv[13])
 mib = 1 << 20
 print("# MoE bigger than memory: terrace expert cache vs mmap vs llama.cpp\n")
 print(f"{datetime.date.today()}, {threads} threads, `bench/bench_moe.sh`. Model: `{model}` "
@@ -120,7 +127,19 @@ print(f"| llama.cpp (mmap, repack off) | {ll['tok_s']:.2f} | 1.00x | {ll['majflt
 print(f"| terrace --experts mmap | {mm['tok_s']:.2f} | {mm['tok_s'] / ll['tok_s']:.2f}x | {mm['majflt']} | – | – | {mm['rss_mb']:.0f} MiB |")
 print(f"| **terrace expert cache** | **{cache['tok_s']:.2f}** | **{cache['tok_s'] / ll['tok_s']:.2f}x** | "
       f"{cache['majflt']} | {cache['bytes_read'] / mib:.0f} MiB | {100 * cache['hit_rate']:.1f}% | {cache['rss_mb']:.0f} MiB |")
+print(f"| terrace expert cache, --expert-policy lru | {lru['tok_s']:.2f} | {lru['tok_s'] / ll['tok_s']:.2f}x | "
+      f"{lru['majflt']} | {lru['bytes_read'] / mib:.0f} MiB | {100 * lru['hit_rate']:.1f}% | {lru['rss_mb']:.0f} MiB |")
+print(f"| terrace expert cache, --expert-prefetch 8 | {pf['tok_s']:.2f} | {pf['tok_s'] / ll['tok_s']:.2f}x | "
+      f"{pf['majflt']} | {pf['bytes_read'] / mib:.0f} MiB | {100 * pf['hit_rate']:.1f}% | {pf['rss_mb']:.0f} MiB |")
 print()
+print(f"- policy: default (auto = layered) vs LRU in the capped run: {100 * cache['hit_rate']:.1f}% vs "
+      f"{100 * lru['hit_rate']:.1f}% hits, {cache['tok_s']:.2f} vs {lru['tok_s']:.2f} tok/s")
+if pf["pf_acc"] is not None:
+    print(f"- prefetch (next layer's router on this layer's input, 8 experts): {pf['pf_acc']:.1f}% of the "
+          f"experts the router then chose had been predicted; {pf['pf_issued']} reads issued, {pf['pf_used']} used, "
+          f"{pf['pf_wasted_mb']:.0f} MiB wasted; I/O wait {pf['io_wait_ms']:.0f} ms vs {cache['io_wait_ms']:.0f} ms "
+          f"without; {pf['tok_s']:.2f} vs {cache['tok_s']:.2f} tok/s — "
+          + ("it pays off" if pf["tok_s"] > cache["tok_s"] * 1.02 else "it does not pay off here, so it stays off by default"))
 print(f"- major faults, expert cache vs terrace mmap: {cache['majflt']} vs {mm['majflt']} "
       f"({100 * cache['majflt'] / max(1, mm['majflt']):.1f}%; target <= 10%)")
 print(f"- read bandwidth achieved by the expert cache: {cache['read_gbs']:.2f} GB/s (bytes read / time with a "
