@@ -491,10 +491,11 @@ tr_model_params tr_model_default_params(void) {
     return (tr_model_params){.n_threads = 0, .no_mmap = false};
 }
 
-/* routed expert tensors (and their biases): the expert cache reads these itself */
+/* routed expert weights: the expert cache reads these itself (their small F32 biases, gpt-oss,
+ * are read with the dense weights) */
 static bool is_routed_expert(const char *name) {
     const char *x = strstr(name, "_exps.");
-    return x && (!strcmp(x, "_exps.weight") || !strcmp(x, "_exps.bias"));
+    return x && !strcmp(x, "_exps.weight");
 }
 
 static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *err) {
@@ -677,7 +678,7 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     for (int64_t i = 0; i < tr_gguf_n_tensors(m->gguf); i++) {
         const tr_tensor_info *ti = tr_gguf_tensor(m->gguf, i);
         m->weight_bytes += ti->nbytes;
-        if (is_routed_expert(ti->name) && strstr(ti->name, ".weight")) m->expert_total_bytes += ti->nbytes;
+        if (is_routed_expert(ti->name)) m->expert_total_bytes += ti->nbytes;
     }
     m->dense_bytes = m->weight_bytes - m->expert_total_bytes;
     m->expert_prefetch = p.expert_prefetch;
