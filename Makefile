@@ -36,7 +36,7 @@ FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512b
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay \
+.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
         format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
 
 all: $(BUILD)/terrace
@@ -92,6 +92,11 @@ bench: deps all peer
 # a MoE model bigger than memory, in a capped cgroup (root; results: bench/results/moe.md)
 bench-moe: deps all peer
 	@bash bench/bench_moe.sh
+
+# KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
+bench-kv-quality: deps all
+	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
+	.venv/bin/python3 bench/kv_quality.py smollm2 qwen2
 
 # expert-cache policies on the shared Qwen3-30B routing trace (results: bench/results/replay.md)
 bench-replay: all

@@ -286,7 +286,26 @@ tr_status tr_model_route_trace_close(tr_model *m, tr_error *err);
 typedef struct tr_session_params {
     int32_t n_ctx;    /* context length in tokens; <= 0: min(training context, 4096) */
     int32_t n_batch;  /* most tokens one eval call computes at once; <= 0: 512 */
+    /* KV cache policy: NULL or "full" = all KV in DRAM with exact attention; "offload", "h2o",
+     * "quest", "tiered" (importance-selected attention over hot DRAM + cold storage pools) */
+    const char *kv_policy;
+    float kv_alpha;        /* fraction of the context attended per step; <= 0: 0.1 */
+    int32_t kv_sink;       /* first tokens always attended; < 0: 4 */
+    int32_t kv_window;     /* recent tokens always attended; < 0: 64 */
+    int kv_score_bits;     /* 8 or 4 (tiered scoring copy); 0: 8 */
+    uint64_t kv_hot_bytes; /* hot pool budget; 0: every token hot */
+    const char *kv_cold_dir; /* cold pool directory (needed when the hot pool cannot hold -c) */
+    bool kv_keep;          /* keep the cold pool's files when the session ends */
 } tr_session_params;
+
+typedef struct tr_session_kv_stats {
+    bool managed;          /* a non-full policy manages this session's KV */
+    const char *policy;
+    int64_t tokens;
+    uint64_t hot_bytes, cold_bytes, selected, bytes_read;
+    double score_ms, attn_ms;
+} tr_session_kv_stats;
+void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 
 tr_session_params tr_session_default_params(void);
 /* Computes what the session needs (KV cache + scratch), reports it in the error if it cannot be

@@ -44,7 +44,7 @@ int cmd_bench(int argc, char **argv) {
     if (!load_model(&o, &ld)) goto out;
     const int32_t n_vocab = tr_model_n_vocab(ld.model);
     const int32_t np = o.n_prompt_bench, ng = o.n_gen_bench;
-    tr_session_params sp = tr_session_default_params();
+    tr_session_params sp = session_params(&o);
     sp.n_ctx = (np > ng ? np : ng) + 1;
     sp.n_batch = o.n_batch > 0 ? o.n_batch : 512;
     if (tr_session_create(ld.model, &sp, &s, &err)) {

@@ -119,13 +119,12 @@ int cmd_chat(int argc, char **argv) {
     for (const char *const *st = tr_chat_stop_strings(style); st && *st; st++)
         if (o.n_stop < (int)(sizeof o.stop / sizeof o.stop[0])) o.stop[o.n_stop++] = *st;
 
-    tr_session_params sp = tr_session_default_params();
-    sp.n_ctx = o.n_ctx;
-    sp.n_batch = o.n_batch;
+    tr_session_params sp = session_params(&o);
     if (tr_session_create(ld.model, &sp, &s, &err)) {
         cli_error("%s", err.msg);
         goto out;
     }
+    tm.sess = s;
     if (o.sampling.repeat_last_n < 0) o.sampling.repeat_last_n = tr_session_n_ctx(s);
     if (tr_sampler_create(&o.sampling, tr_model_n_vocab(ld.model), &smp, &err)) {
         cli_error("%s", err.msg);

@@ -15,7 +15,8 @@ enum {
     F_MODEL, F_PROMPT, F_FILE, F_NPRED, F_CTX, F_BATCH, F_THREADS, F_SEED, F_TEMP, F_TOPK, F_TOPP,
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
-    F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS,
+    F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP,
 };
 
 typedef struct flag {
@@ -61,6 +62,14 @@ static const flag k_flags[] = {
     {"--expert-prefetch", F_EPREFETCH, true, "N MoE: read N predicted experts of the next layer ahead"},
     {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
     {"--route-trace", F_ROUTETRACE, true, "FILE MoE: write the routing trace (CSV)"},
+    {"--kv-policy", F_KVPOLICY, true, "NAME   KV cache: full (default), offload, h2o, quest, tiered"},
+    {"--kv-alpha", F_KVALPHA, true, "A       KV: fraction of the context attended per step (default 0.1)"},
+    {"--kv-sink", F_KVSINK, true, "N        KV: first tokens always attended (default 4)"},
+    {"--kv-window", F_KVWINDOW, true, "N      KV: recent tokens always attended (default 64)"},
+    {"--kv-score-bits", F_KVBITS, true, "B  KV: 8 or 4, precision of the scoring key copy"},
+    {"--kv-hot", F_KVHOT, true, "SIZE      KV: hot pool (DRAM) budget (default: every token hot)"},
+    {"--kv-cold", F_KVCOLD, true, "DIR      KV: cold pool directory on local storage"},
+    {"--kv-keep", F_KVKEEP, false, "        KV: keep the cold pool's files"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
 
@@ -119,6 +128,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
     memset(o, 0, sizeof *o);
     o->n_predict = -1;
     o->sampling = tr_sampler_default_params();
+    o->kv = tr_session_default_params();
     o->n_prompt_bench = 512;
     o->n_gen_bench = 128;
     o->reps = 3;
@@ -228,6 +238,25 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_EPREFETCH: if (!cli_parse_int(a, v, 0, 64, &n)) return false; o->expert_prefetch = (int)n; break;
         case F_IOTHREADS: if (!cli_parse_int(a, v, 1, 64, &n)) return false; o->io_threads = (int)n; break;
         case F_ROUTETRACE: o->route_trace = v; break;
+        case F_KVPOLICY: o->kv.kv_policy = v; break;
+        case F_KVALPHA: if (!parse_float(a, v, 1e-6, 1.0, &o->kv.kv_alpha)) return false; break;
+        case F_KVSINK: if (!cli_parse_int(a, v, 0, 1 << 20, &n)) return false; o->kv.kv_sink = (int32_t)n; break;
+        case F_KVWINDOW: if (!cli_parse_int(a, v, 0, 1 << 24, &n)) return false; o->kv.kv_window = (int32_t)n; break;
+        case F_KVBITS:
+            if (!cli_parse_int(a, v, 4, 8, &n) || (n != 4 && n != 8)) {
+                cli_error("--kv-score-bits expects 8 or 4, got '%s'", v);
+                return false;
+            }
+            o->kv.kv_score_bits = (int)n;
+            break;
+        case F_KVHOT: {
+            unsigned long long b = 0;
+            if (!cli_parse_size(a, v, &b)) return false;
+            o->kv.kv_hot_bytes = b;
+            break;
+        }
+        case F_KVCOLD: o->kv.kv_cold_dir = v; break;
+        case F_KVKEEP: o->kv.kv_keep = true; break;
         case F_HELP: usage(stdout); exit(0);
         }
     }
@@ -394,4 +423,11 @@ char *read_file(const char *path, size_t *len) {
 int piece_of(const tr_tokenizer *t, int32_t id, char *buf, size_t cap) {
     const int n = tr_token_to_piece(t, id, buf, cap, false);
     return n < 0 ? 0 : n;
+}
+
+tr_session_params session_params(const gen_opts *o) {
+    tr_session_params sp = o->kv;
+    sp.n_ctx = o->n_ctx;
+    sp.n_batch = o->n_batch;
+    return sp;
 }

@@ -158,6 +158,16 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
     } else if (st.moe) {
         fprintf(stderr, "terrace: experts      through mmap (--experts mmap): the kernel's page cache decides\n");
     }
+    tr_session_kv_stats kv;
+    tr_session_get_kv_stats(s, &kv);
+    if (kv.managed) {
+        char b2[32], b3[32];
+        fprintf(stderr, "terrace: kv cache     %s: %lld tokens, hot %s, cold %s, read %s from storage, "
+                        "scoring %.1f ms, attention %.1f ms, %llu tokens attended at the last step\n",
+                kv.policy, (long long)kv.tokens, cli_bytes(kv.hot_bytes, b1, sizeof b1),
+                cli_bytes(kv.cold_bytes, b2, sizeof b2), cli_bytes(kv.bytes_read, b3, sizeof b3),
+                kv.score_ms, kv.attn_ms, (unsigned long long)kv.selected);
+    }
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",
             peak_rss_mib(), (double)tr_session_bytes(s) / (1024.0 * 1024.0), tr_session_n_past(s),

@@ -1,5 +1,6 @@
 /*
- * terrace logits -m MODEL --tokens 1,2,3 [--out FILE] [-b N] [-t N] [--no-mmap] [--greedy N]
+ * terrace logits -m MODEL --tokens 1,2,3 [--out FILE | --top1 FILE] [-b N] [-t N] [--no-mmap]
+ *                [--greedy N] [--kv-policy P --kv-alpha A ...] [--experts ... --expert-cache ...]
  *
  * Evaluates a token sequence and writes the logits of every position (raw little-endian f32,
  * [n_tokens][n_vocab]) to FILE, or prints the top-5 of each position. With --greedy N it instead
@@ -50,13 +51,19 @@ int cmd_logits(int argc, char **argv) {
         {"ctx-size", required_argument, NULL, 'c'},   {"greedy", required_argument, NULL, 'g'},
         {"experts", required_argument, NULL, 'E'},    {"expert-cache", required_argument, NULL, 'C'},
         {"expert-policy", required_argument, NULL, 'P'},
+        {"kv-policy", required_argument, NULL, 'K'},  {"kv-alpha", required_argument, NULL, 'A'},
+        {"kv-hot", required_argument, NULL, 'H'},     {"kv-cold", required_argument, NULL, 'D'},
+        {"kv-sink", required_argument, NULL, 'S'},    {"kv-window", required_argument, NULL, 'W'},
+        {"kv-score-bits", required_argument, NULL, 'B'},
+        {"top1", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
-    const char *model = NULL, *tokens_arg = NULL, *out_path = NULL;
+    const char *model = NULL, *tokens_arg = NULL, *out_path = NULL, *top1_path = NULL;
     long threads = 0, batch = 0, ctx = 0, greedy = -1;
     bool no_mmap = false, experts_mmap = false;
     unsigned long long expert_cache = 0;
     const char *expert_policy = NULL;
+    tr_session_params sp = tr_session_default_params();
     int c;
     optind = 1;
     opterr = 0;
@@ -76,6 +83,19 @@ int cmd_logits(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             break;
         case 'P': expert_policy = optarg; break;
+        case 'K': sp.kv_policy = optarg; break;
+        case 'T': top1_path = optarg; break;
+        case 'A': sp.kv_alpha = (float)atof(optarg); break;
+        case 'H': {
+            unsigned long long b;
+            if (!cli_parse_size("--kv-hot", optarg, &b)) return CLI_EXIT_USAGE;
+            sp.kv_hot_bytes = b;
+            break;
+        }
+        case 'D': sp.kv_cold_dir = optarg; break;
+        case 'S': sp.kv_sink = atoi(optarg); break;
+        case 'W': sp.kv_window = atoi(optarg); break;
+        case 'B': sp.kv_score_bits = atoi(optarg); break;
         case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
         default:
             cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);
@@ -103,7 +123,6 @@ int cmd_logits(int argc, char **argv) {
     float *logits = NULL;
     int rc = CLI_EXIT_ERROR;
     if (tr_model_load(model, &mp, &m, &err)) goto out;
-    tr_session_params sp = tr_session_default_params();
     sp.n_ctx = ctx ? (int32_t)ctx : n + (greedy > 0 ? (int32_t)greedy : 0);
     sp.n_batch = batch ? (int32_t)batch : 512;
     if (tr_session_create(m, &sp, &s, &err)) goto out;
@@ -139,7 +158,21 @@ int cmd_logits(int argc, char **argv) {
         goto out;
     }
     if (tr_session_eval(s, tokens, n, logits, true, &err)) goto out;
-    if (out_path) {
+    if (top1_path) {
+        /* only the argmax of every position (int32): long contexts x big vocabularies */
+        FILE *f = fopen(top1_path, "wb");
+        bool ok = f != NULL;
+        for (int32_t i = 0; ok && i < n; i++) {
+            const float *l = logits + (size_t)i * nv;
+            int32_t best = 0;
+            for (int32_t v = 1; v < nv; v++) best = l[v] > l[best] ? v : best;
+            ok = fwrite(&best, sizeof best, 1, f) == 1;
+        }
+        if (!f || !ok || fclose(f) != 0) {
+            snprintf(err.msg, sizeof err.msg, "cannot write %s", top1_path);
+            goto out;
+        }
+    } else if (out_path) {
         FILE *f = fopen(out_path, "wb");
         if (!f || fwrite(logits, sizeof *logits, (size_t)n * nv, f) != (size_t)n * nv ||
             fclose(f) != 0) {

@@ -59,7 +59,7 @@ int cmd_perplexity(int argc, char **argv) {
                   n_tok, 2 * n_ctx);
         goto out;
     }
-    tr_session_params sp = tr_session_default_params();
+    tr_session_params sp = session_params(&o);
     sp.n_ctx = n_ctx;
     sp.n_batch = o.n_batch > 0 ? (o.n_batch < n_ctx ? o.n_batch : n_ctx) : (n_ctx < 512 ? n_ctx : 512);
     if (tr_session_create(ld.model, &sp, &s, &err)) {

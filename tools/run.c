@@ -58,13 +58,12 @@ int cmd_run(int argc, char **argv) {
         cli_error("run: the prompt is empty after tokenization");
         goto out;
     }
-    tr_session_params sp = tr_session_default_params();
-    sp.n_ctx = o.n_ctx;
-    sp.n_batch = o.n_batch;
+    tr_session_params sp = session_params(&o);
     if (tr_session_create(ld.model, &sp, &s, &err)) {
         cli_error("%s", err.msg);
         goto out;
     }
+    tm.sess = s;
     if ((int64_t)n_tok >= tr_session_n_ctx(s)) {
         cli_error("the prompt is %zu tokens but the context holds %d (raise -c, up to the model's "
                   "%d)", n_tok, tr_session_n_ctx(s), tr_model_n_ctx_train(ld.model));

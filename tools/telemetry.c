@@ -111,6 +111,17 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                 (unsigned long long)st.expert_evictions, ru.ru_majflt, ru.ru_minflt,
                 (unsigned long long)st.prefetch_issued, (unsigned long long)st.prefetch_used,
                 (unsigned long long)st.prefetch_wasted_bytes);
+        if (t->sess) {
+            tr_session_kv_stats kv;
+            tr_session_get_kv_stats(t->sess, &kv);
+            fprintf(t->f,
+                    ", \"kv_policy\": \"%s\", \"kv_tokens\": %lld, \"kv_hot_bytes\": %llu, "
+                    "\"kv_cold_bytes\": %llu, \"kv_selected\": %llu, \"kv_bytes_read\": %llu, "
+                    "\"kv_score_ms\": %.3f, \"kv_attn_ms\": %.3f",
+                    kv.policy, (long long)kv.tokens, (unsigned long long)kv.hot_bytes,
+                    (unsigned long long)kv.cold_bytes, (unsigned long long)kv.selected,
+                    (unsigned long long)kv.bytes_read, kv.score_ms, kv.attn_ms);
+        }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
         fputs("}\n", t->f);
     }

@@ -11,6 +11,7 @@ typedef struct gen_sink_info {
 
 typedef struct telem {
     tr_model *model;
+    tr_session *sess; /* for the KV figures; may be NULL */
     FILE *f;
     bool status, shown;
     int rows; /* terminal rows when the bottom line is reserved for the status */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "kv/kv.h"
 #include "model/moe.h"
 #include "model/ops.h"
 #include "model/session.h"
@@ -139,7 +140,31 @@ static tr_rope_params layer_rope(const tr_model *m, const tr_layer *L) {
     };
 }
 
-static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
+/* rows whose session has a managed KV cache (a --kv-policy other than full): the policy stores
+ * K/V and runs the attention; consecutive rows of one session go together */
+static tr_status managed_attention(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
+                                   tr_error *err) {
+    const tr_hparams *hp = &m->hp;
+    const tr_layer *L = &m->layers[l];
+    const size_t q_stride = (size_t)hp->n_head_max * hp->head_dim_k;
+    const size_t o_stride = (size_t)hp->n_head_max * hp->head_dim_v;
+    const float scale = m->arch->q_prescale ? 1.0f : hp->attn_scale;
+    for (int32_t r0 = 0; r0 < rows;) {
+        struct tr_session *s = sc->row_sess[r0];
+        int32_t r1 = r0 + 1;
+        while (r1 < rows && sc->row_sess[r1] == s) r1++;
+        tr_status st = tr_kv_attend_rows(s->kv, m->pool, l, r1 - r0, sc->row_pos + r0,
+                                         sc->q + (size_t)r0 * q_stride, q_stride, scale, L->sinks,
+                                         L->swa ? hp->n_swa : 0, sc->att + (size_t)r0 * o_stride,
+                                         o_stride, err);
+        if (st) return st;
+        r0 = r1;
+    }
+    return TR_OK;
+}
+
+static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
+                                 tr_error *err) {
     const tr_hparams *hp = &m->hp;
     const tr_layer *L = &m->layers[l];
     const int32_t hdk = hp->head_dim_k, hdv = hp->head_dim_v;
@@ -185,9 +210,14 @@ static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows
         if (m->arch->q_prescale)
             for (int64_t i = 0; i < nq; i++) q[i] *= hp->attn_scale;
 
-        /* the new K/V enter the row's session cache (F16, V transposed) */
+        /* the new K/V enter the row's session cache (F16, V transposed; or the policy's pools) */
         struct tr_session *s = sc->row_sess[r];
         const int32_t pos = sc->row_pos[r];
+        if (s->kv) {
+            tr_status st = tr_kv_append(s->kv, l, pos, k, sc->v + r * v_stride, err);
+            if (st) return st;
+            continue;
+        }
         uint16_t *K = tr_sess_k(s, l) + (size_t)pos * nk;
         for (int64_t i = 0; i < nk; i++) K[i] = tr_f32_to_f16(k[i]);
         uint16_t *VT = tr_sess_vt(s, l);
@@ -195,10 +225,15 @@ static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows
         for (int64_t i = 0; i < nv; i++) VT[(size_t)i * s->n_ctx + pos] = tr_f32_to_f16(v[i]);
     }
 
-    attn_job j = {.m = m, .sc = sc, .layer = l, .rows = rows,
-                  .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale};
-    atomic_init(&j.next, 0);
-    tr_pool_run(m->pool, attn_task, &j);
+    if (sc->row_sess[0]->kv) {
+        tr_status st = managed_attention(m, sc, l, rows, err);
+        if (st) return st;
+    } else {
+        attn_job j = {.m = m, .sc = sc, .layer = l, .rows = rows,
+                      .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale};
+        atomic_init(&j.next, 0);
+        tr_pool_run(m->pool, attn_task, &j);
+    }
 
     /* pack the per-head outputs [rows][n_head * hdv] and project */
     const int64_t no = (int64_t)L->n_head * hdv, att_stride = (int64_t)hp->n_head_max * hdv;
@@ -213,6 +248,7 @@ static void attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows
         float *x = sc->x + r * E;
         for (int64_t i = 0; i < E; i++) x[i] += o[i];
     }
+    return TR_OK;
 }
 
 static tr_status ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, tr_error *err) {
@@ -256,8 +292,8 @@ tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *t
             for (int64_t i = 0; i < E; i++) x[i] *= hp->embd_scale;
     }
     for (int32_t l = 0; l < hp->n_layer; l++) {
-        attention_block(m, sc, l, rows);
-        tr_status s = ffn_block(m, sc, l, rows, err);
+        tr_status s = attention_block(m, sc, l, rows, err);
+        if (!s) s = ffn_block(m, sc, l, rows, err);
         if (s) return s;
     }
     if (logits_rows <= 0) return TR_OK;

@@ -8,10 +8,66 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "kv/kv.h"
 #include "model/session.h"
 
 tr_session_params tr_session_default_params(void) {
-    return (tr_session_params){.n_ctx = 0, .n_batch = 0};
+    return (tr_session_params){.n_ctx = 0, .n_batch = 0, .kv_sink = -1, .kv_window = -1};
+}
+
+static uint64_t kv_bytes_of(const tr_model *m, int32_t n_ctx) {
+    const tr_hparams *hp = &m->hp;
+    return (uint64_t)hp->n_layer * (uint64_t)n_ctx * hp->n_head_kv_max *
+           (uint64_t)(hp->head_dim_k + hp->head_dim_v) * 2;
+}
+
+/* a session's KV policy from its parameters: NULL kv for full (the forward pass's own arrays) */
+static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct tr_kv **out,
+                           int *policy, tr_error *err) {
+    *out = NULL;
+    tr_kv_policy pol = TR_KV_FULL;
+    if (p->kv_policy && tr_kv_policy_parse(p->kv_policy, &pol, err)) return TR_E_ARG;
+    *policy = (int)pol;
+    if (pol == TR_KV_FULL) return TR_OK;
+    const tr_hparams *hp = &m->hp;
+    const tr_kv_shape shape = {hp->n_layer, p->n_ctx, hp->n_head_max, hp->n_head_kv_max,
+                               hp->head_dim_k, hp->head_dim_v};
+    tr_kv_params kp = tr_kv_default_params();
+    kp.policy = pol;
+    if (p->kv_alpha > 0) kp.alpha = p->kv_alpha;
+    if (p->kv_sink >= 0) kp.n_sink = p->kv_sink;
+    if (p->kv_window >= 0) kp.n_window = p->kv_window;
+    if (p->kv_score_bits) kp.score_bits = p->kv_score_bits;
+    kp.hot_bytes = p->kv_hot_bytes;
+    kp.cold_dir = p->kv_cold_dir;
+    kp.keep = p->kv_keep;
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
+            return tr_fail(err, TR_E_UNSUPPORTED,
+                           "--kv-policy %s needs the same head counts in every layer",
+                           tr_kv_policy_name(pol));
+    return tr_kv_create(&shape, &kp, out, err);
+}
+
+void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->policy = "full";
+    out->tokens = s->n_past;
+    if (!s->kv) {
+        out->hot_bytes = s->n_past > 0 ? kv_bytes_of(s->m, s->n_past) : 0;
+        return;
+    }
+    tr_kv_stats st;
+    tr_kv_get_stats(s->kv, &st);
+    out->managed = true;
+    out->policy = tr_kv_policy_name((tr_kv_policy)s->kv_policy);
+    out->tokens = st.tokens;
+    out->hot_bytes = st.hot_bytes;
+    out->cold_bytes = st.cold_bytes;
+    out->selected = st.selected;
+    out->bytes_read = st.bytes_read;
+    out->score_ms = (double)st.score_ns / 1e6;
+    out->attn_ms = (double)st.attn_ns / 1e6;
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */
@@ -108,12 +164,6 @@ static void resolve_params(const tr_model *m, tr_session_params *p) {
     if (p->n_batch > p->n_ctx) p->n_batch = p->n_ctx;
 }
 
-static uint64_t kv_bytes_of(const tr_model *m, int32_t n_ctx) {
-    const tr_hparams *hp = &m->hp;
-    return (uint64_t)hp->n_layer * (uint64_t)n_ctx * hp->n_head_kv_max *
-           (uint64_t)(hp->head_dim_k + hp->head_dim_v) * 2;
-}
-
 uint64_t tr_session_estimate_default(const tr_model *m) {
     tr_session_params p = tr_session_default_params();
     resolve_params(m, &p);
@@ -137,14 +187,20 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
     s->n_batch = p.n_batch;
     s->layer_k_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_k;
     s->layer_v_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_v;
-    const uint64_t kv_bytes = kv_bytes_of(m, p.n_ctx);
+    tr_status kst = create_kv(m, &p, &s->kv, &s->kv_policy, err);
+    if (kst) {
+        tr_session_free(s);
+        return kst;
+    }
+    /* a managed KV cache keeps K/V itself: the session's arrays are not needed */
+    const uint64_t kv_bytes = s->kv ? 0 : kv_bytes_of(m, p.n_ctx);
     const int nth = tr_pool_size(m->pool);
     tr_scratch *sc = &s->sc;
     const size_t scratch = scratch_plan(m, p.n_ctx, p.n_batch, nth, NULL, sc);
     s->bytes = kv_bytes + scratch;
-    s->kv = aligned_alloc(64, (kv_bytes + 63) & ~(uint64_t)63);
+    if (kv_bytes) s->kvmem = aligned_alloc(64, (kv_bytes + 63) & ~(uint64_t)63);
     s->scratch_mem = aligned_alloc(64, (scratch + 63) & ~(size_t)63);
-    if (!s->kv || !s->scratch_mem) {
+    if ((kv_bytes && !s->kvmem) || !s->scratch_mem) {
         char need[64];
         snprintf(need, sizeof need, "%.1f MiB", (double)s->bytes / (1024.0 * 1024.0));
         tr_session_free(s);
@@ -163,12 +219,18 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
 
 void tr_session_free(tr_session *s) {
     if (!s) return;
-    free(s->kv);
+    tr_kv_free(s->kv);
+    free(s->kvmem);
     free(s->scratch_mem);
     free(s);
 }
 
-uint64_t tr_session_bytes(const tr_session *s) { return s->bytes; }
+uint64_t tr_session_bytes(const tr_session *s) {
+    if (!s->kv) return s->bytes;
+    tr_kv_stats st;
+    tr_kv_get_stats(s->kv, &st);
+    return s->bytes + st.hot_bytes;
+}
 int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
 int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
 
@@ -176,6 +238,10 @@ tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err) {
     if (n < 0 || n > s->n_past)
         return tr_fail(err, TR_E_ARG, "cannot truncate to %d tokens (session holds %d)", n,
                        s->n_past);
+    if (s->kv) {
+        tr_status st = tr_kv_truncate(s->kv, n, err);
+        if (st) return st;
+    }
     s->n_past = n; /* later positions are overwritten before they are read again */
     return TR_OK;
 }
@@ -237,6 +303,9 @@ tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t 
             return tr_fail(err, TR_E_ARG, "sequence %d is longer (%d tokens) than the first "
                            "session's context (%d): put the session with the largest context first",
                            b, sessions[b]->n_past + 1, s0->sc.n_ctx_cap);
+        if ((sessions[b]->kv != NULL) != (s0->kv != NULL))
+            return tr_fail(err, TR_E_ARG, "sequence %d uses another kind of KV cache than the "
+                           "first (mix --kv-policy full and the others in separate batches)", b);
         for (int32_t c = 0; c < b; c++)
             if (sessions[c] == sessions[b])
                 return tr_fail(err, TR_E_ARG, "sequence %d appears twice in the batch", b);

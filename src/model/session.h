@@ -45,10 +45,14 @@ typedef struct tr_scratch {
     struct tr_expert_request moe_req;
 } tr_scratch;
 
+struct tr_kv;
+
 struct tr_session {
     tr_model *m;
+    struct tr_kv *kv; /* NULL: the full policy, KV in the arrays below */
     int32_t n_ctx, n_batch, n_past;
-    uint16_t *kv;       /* one allocation: per layer K then V^T */
+    uint16_t *kvmem;    /* full policy: one allocation, per layer K then V^T */
+    int kv_policy;      /* tr_kv_policy of kv (0 = full) */
     size_t layer_k_elems, layer_v_elems;
     tr_scratch sc;
     void *scratch_mem;
@@ -56,7 +60,7 @@ struct tr_session {
 };
 
 static inline uint16_t *tr_sess_k(const struct tr_session *s, int32_t l) {
-    return s->kv + (size_t)l * (s->layer_k_elems + s->layer_v_elems);
+    return s->kvmem + (size_t)l * (s->layer_k_elems + s->layer_v_elems);
 }
 static inline uint16_t *tr_sess_vt(const struct tr_session *s, int32_t l) {
     return tr_sess_k(s, l) + s->layer_k_elems;

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""KV-policy quality against the full cache (make bench-kv-quality; results in
+bench/results/kv-quality.md and PNG plots next to it).
+
+For each model and each (policy, alpha), next to `full` on the same inputs:
+  - perplexity on the King James text (Debian's bible-kjv-text, printed by `bible`) at context
+    4K and at the model's longest practical context here;
+  - top-1 agreement of next-token predictions over 256 tokens generated (greedily, by full) after
+    a long prompt, teacher-forced through the policy;
+  - passkey retrieval: a 5-digit number hidden at 10/50/90 % depth in filler text, at 2K..16K
+    tokens where the model's context allows; correct if the greedy answer contains it.
+
+usage: kv_quality.py [--quick] MODEL_KEY...     (keys: smollm2, qwen2; see scripts/get_model.sh)
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+TERRACE = os.path.join(ROOT, "build", "terrace")
+PY = os.path.join(ROOT, ".venv", "bin", "python3")
+OUT_DIR = os.path.join(ROOT, "bench", "results")
+QUICK = "--quick" in sys.argv
+KEYS = [a for a in sys.argv[1:] if not a.startswith("--")] or ["smollm2", "qwen2"]
+
+ALPHAS = [0.05, 0.1, 0.2]
+POLICIES = ["tiered", "h2o", "quest"]
+# the models' contexts and what is practical on 2 cores (prefill cost grows with the square)
+MODELS = {
+    "smollm2": dict(name="SmolLM2-135M-Instruct Q4_1", ppl_ctx=[4096, 8192], passkey=[2048, 4096, 8192]),
+    "qwen2": dict(name="Qwen2.5-Coder-0.5B-Instruct Q4_K_M", ppl_ctx=[4096, 8192], passkey=[2048, 4096, 8192, 16384]),
+}
+if QUICK:
+    for m in MODELS.values():
+        m["ppl_ctx"] = m["ppl_ctx"][:1]
+        m["passkey"] = m["passkey"][:2]
+
+
+def sh(args, **kw):
+    return subprocess.run(args, check=True, capture_output=True, text=True, **kw)
+
+
+def model_path(key):
+    return os.path.join(ROOT, sh(["bash", os.path.join(ROOT, "scripts", "get_model.sh"), key]).stdout.strip())
+
+
+def kjv():
+    path = os.path.join(ROOT, "build", "kjv.txt")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(sh(["bible", "gen1:1-rev22:21"]).stdout)
+    return path
+
+
+def kv_flags(policy, alpha):
+    return [] if policy == "full" else ["--kv-policy", policy, "--kv-alpha", str(alpha)]
+
+
+def configs():
+    yield ("full", 1.0)
+    for a in ALPHAS:
+        for p in POLICIES:
+            yield (p, a)
+
+
+def perplexity(model, text, ctx, policy, alpha):
+    # two chunks of ctx tokens: the text is cut to what that needs (with margin)
+    r = sh([TERRACE, "perplexity", "-m", model, "-f", text, "-c", str(ctx), *kv_flags(policy, alpha)])
+    return float(re.search(r"PPL = ([\d.]+)", r.stdout).group(1))
+
+
+def cut_text(src, n_chars, dst):
+    with open(src) as f:
+        data = f.read(n_chars)
+    with open(dst, "w") as f:
+        f.write(data)
+    return dst
+
+
+def tokenize(model, text):
+    r = sh([TERRACE, "run", "-m", model, "-p", text, "-n", "0", "--verbose", "--no-display-prompt",
+            "-c", "32768"])
+    for line in r.stderr.splitlines():
+        if line.startswith("terrace: prompt tokens"):
+            return [int(x) for x in line.split(":", 2)[2].split()]
+    raise RuntimeError(r.stderr)
+
+
+def agreement(model, prompt_ids, n_gen, policy, alpha, tmp):
+    """greedy tokens of full after the prompt, then every policy teacher-forced on the same tokens"""
+    ids = ",".join(map(str, prompt_ids))
+    if policy == "full":
+        r = sh([TERRACE, "logits", "-m", model, "--tokens", ids, "--greedy", str(n_gen)])
+        return json.loads(r.stdout)["tokens"]
+    raise AssertionError
+
+
+def top1(model, seq, policy, alpha, tmp):
+    out = os.path.join(tmp, "top1.i32")
+    sh([TERRACE, "logits", "-m", model, "--tokens", ",".join(map(str, seq)), "--top1", out,
+        "-c", str(len(seq) + 8), *kv_flags(policy, alpha)])
+    with open(out, "rb") as f:
+        import array
+        a = array.array("i")
+        a.frombytes(f.read())
+    return list(a)
+
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+          "again. ")
+
+
+def passkey_prompt(n_tokens_target, depth, key, tok_per_filler):
+    n_fill = max(1, int(n_tokens_target / tok_per_filler))
+    before = int(n_fill * depth)
+    text = ("There is an important piece of information hidden inside a lot of irrelevant text. "
+            "Find it and memorize it. I will quiz you about it.\n" + FILLER * before +
+            f"The pass key is {key}. Remember it. {key} is the pass key. " +
+            FILLER * (n_fill - before) + "\nWhat is the pass key? The pass key is")
+    return text
+
+
+def passkey(model, text, ctx, policy, alpha, tmp):
+    p = os.path.join(tmp, "passkey.txt")
+    with open(p, "w") as f:
+        f.write(text)
+    r = sh([TERRACE, "run", "-m", model, "-f", p, "-n", "8", "--temp", "0", "--no-display-prompt",
+            "-c", str(ctx), *kv_flags(policy, alpha)])
+    return r.stdout
+
+
+def main():
+    import tempfile
+    text = kjv()
+    results = {}
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="terrace-kvq-") as tmp:
+        for key in KEYS:
+            cfg = MODELS[key]
+            model = model_path(key)
+            res = results[key] = {"name": cfg["name"], "ppl": {}, "agree": {}, "passkey": {}}
+            # perplexity: enough text for two chunks at each context (~3.5 chars per token)
+            for ctx in cfg["ppl_ctx"]:
+                src = cut_text(text, int(ctx * 2 * 4.2) + 4096, os.path.join(tmp, f"kjv{ctx}.txt"))
+                for pol, a in configs():
+                    t0 = time.time()
+                    v = perplexity(model, src, ctx, pol, a)
+                    res["ppl"].setdefault(str(ctx), {})[f"{pol}@{a}"] = v
+                    print(f"{key} ppl c={ctx} {pol} a={a}: {v:.4f} ({time.time() - t0:.0f} s)", flush=True)
+            # top-1 agreement over 256 generated tokens after a ~3000-token prompt
+            with open(text) as f:
+                f.seek(2_000_000)
+                prompt_text = f.read(12000)
+            prompt = tokenize(model, prompt_text)[:3000]
+            n_gen = 128 if QUICK else 256
+            gen = agreement(model, prompt, n_gen, "full", 1.0, tmp)
+            seq = prompt + gen
+            for pol, a in configs():
+                t0 = time.time()
+                pred = top1(model, seq, pol, a, tmp)
+                # position len(prompt)-1+i predicts gen[i]
+                hits = sum(1 for i in range(n_gen) if pred[len(prompt) - 1 + i] == gen[i])
+                res["agree"][f"{pol}@{a}"] = hits / n_gen
+                print(f"{key} top-1 agreement {pol} a={a}: {100 * hits / n_gen:.1f}% ({time.time() - t0:.0f} s)", flush=True)
+            # passkey
+            tpf = len(tokenize(model, FILLER * 20)) / 20
+            for ctx in cfg["passkey"]:
+                for depth in (0.1, 0.5, 0.9):
+                    key_num = 10007 + int(depth * 1000) * 7 + ctx % 997
+                    prompt_text = passkey_prompt(ctx - 96, depth, key_num, tpf)
+                    for pol, a in configs():
+                        t0 = time.time()
+                        out = passkey(model, prompt_text, ctx, pol, a, tmp)
+                        ok = str(key_num) in out
+                        res["passkey"].setdefault(f"{pol}@{a}", {})[f"{ctx}/{depth}"] = ok
+                        print(f"{key} passkey {ctx} depth {depth} {pol} a={a}: {'ok' if ok else 'miss'} "
+                              f"({out.strip()[:30]!r}, {time.time() - t0:.0f} s)", flush=True)
+            with open(os.path.join(OUT_DIR, "kv-quality.json"), "w") as f:
+                json.dump(results, f, indent=1)
+    write_report(results, time.time() - t_start)
+
+
+def write_report(results, secs):
+    lines = ["# KV-cache policies: quality against the full cache", "",
+             f"`make bench-kv-quality` (`bench/kv_quality.py`{' --quick' if QUICK else ''}), "
+             f"{time.strftime('%Y-%m-%d')}, {secs / 60:.0f} min. Sinks 4, window 64, INT8 scoring. "
+             "Perplexity on the King James text (two chunks of c tokens, llama.cpp's method); top-1 "
+             "agreement with full's greedy choice over 256 generated tokens after a 3000-token "
+             "prompt (teacher-forced); passkey: a 5-digit number at 10/50/90 % depth in filler, "
+             "correct if the 8-token greedy answer contains it.", ""]
+    for key, res in results.items():
+        lines += [f"## {res['name']}", ""]
+        ctxs = list(res["ppl"])
+        head = "| policy | alpha | " + " | ".join(f"PPL c={c}" for c in ctxs) + \
+               " | top-1 agreement | passkey |"
+        lines += [head, "|" + "---|" * (4 + len(ctxs))]
+        for cfgkey in res["agree"]:
+            pol, a = cfgkey.split("@")
+            cells = []
+            for c in ctxs:
+                v, ref = res["ppl"][c][cfgkey], res["ppl"][c]["full@1.0"]
+                cells.append(f"{v:.3f} ({100 * (v / ref - 1):+.2f}%)" if pol != "full" else f"{v:.3f}")
+            pk = res["passkey"].get(cfgkey, {})
+            lines.append(f"| {pol} | {a if pol != 'full' else '—'} | " + " | ".join(cells) +
+                         f" | {100 * res['agree'][cfgkey]:.1f}% | {sum(pk.values())}/{len(pk)} |")
+        lines.append("")
+    with open(os.path.join(OUT_DIR, "kv-quality.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        for key, res in results.items():
+            fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+            c = list(res["ppl"])[0]
+            for pol in POLICIES:
+                xs = ALPHAS
+                axes[0].plot(xs, [100 * (res["ppl"][c][f"{pol}@{a}"] / res["ppl"][c]["full@1.0"] - 1) for a in xs],
+                             marker="o", label=pol)
+                axes[1].plot(xs, [100 * res["agree"][f"{pol}@{a}"] for a in xs], marker="o", label=pol)
+            axes[0].axhline(1.0, ls="--", c="gray", lw=0.8)
+            axes[0].set(xlabel="alpha", ylabel=f"PPL vs full, % (c={c})", title=res["name"])
+            axes[1].axhline(98, ls="--", c="gray", lw=0.8)
+            axes[1].set(xlabel="alpha", ylabel="top-1 agreement with full, %")
+            for ax in axes:
+                ax.legend()
+                ax.grid(alpha=0.3)
+            fig.tight_layout()
+            fig.savefig(os.path.join(OUT_DIR, f"kv-quality-{key}.png"), dpi=100)
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+/*
+ * The KV cache behind one interface (issue "Tiered KV cache"), one instance per session.
+ *
+ * Policies (--kv-policy):
+ *   full     all KV in DRAM, exact attention — the accuracy reference (the forward pass keeps its
+ *            own fast path for it; tr_kv implements it too, for tests and comparisons)
+ *   offload  KV beyond the hot budget in the cold pool on storage; exact attention that reads all
+ *            of it every step (the naive SSD-offload baseline)
+ *   h2o      accumulated-attention-score eviction with a recent window (permanent eviction)
+ *   quest    pages of 16 tokens with per-channel min/max key bounds; attend over the top pages
+ *            by upper bound
+ *   tiered   ours: per step and layer, score every token by q.k with an INT8 (or INT4) copy of the
+ *            keys with per-channel scales, select the top alpha fraction plus sinks and a recent
+ *            window, gather their original F16 K/V into the compute working set, attend over them
+ *
+ * Tiers: the hot pool (DRAM, --kv-hot bytes), the cold pool (--kv-cold DIR: per-layer append-only
+ * segment files holding F16 K, F16 V and the low-precision key copy, with a checksum per page,
+ * verified on every read; removed at free unless keep), and the compute working set (a separate
+ * buffer the attention reads from, so a GPU backend can replace it).
+ *
+ * Threading: tr_kv_attend_rows parallelises on the pool it is given; every other call is made by
+ * one thread at a time (the model lock serialises forward passes).
+ */
+#ifndef TR_KV_KV_H
+#define TR_KV_KV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "terrace.h"
+
+typedef enum {
+    TR_KV_FULL = 0,
+    TR_KV_OFFLOAD,
+    TR_KV_H2O,
+    TR_KV_QUEST,
+    TR_KV_TIERED,
+} tr_kv_policy;
+
+typedef struct tr_kv_params {
+    tr_kv_policy policy;
+    float alpha;          /* fraction of the context selected per step (h2o/quest/tiered); 1 = all */
+    int32_t n_sink;       /* first tokens always attended (default 4) */
+    int32_t n_window;     /* most recent tokens always attended (default 64) */
+    int score_bits;       /* 8 or 4: precision of the key copy used for scoring (tiered) */
+    uint64_t hot_bytes;   /* hot pool budget; 0: everything hot (no cold pool needed) */
+    const char *cold_dir; /* directory of the cold pool (required when hot_bytes cannot hold n_ctx) */
+    bool keep;            /* keep the cold files after free */
+} tr_kv_params;
+
+typedef struct tr_kv_shape {
+    int32_t n_layer, n_ctx;
+    int32_t n_head, n_head_kv; /* GQA: query head h uses KV head h / (n_head / n_head_kv) */
+    int32_t head_dim_k, head_dim_v;
+} tr_kv_shape;
+
+typedef struct tr_kv tr_kv;
+
+tr_kv_params tr_kv_default_params(void);
+/* parse "full", "offload", "h2o", "quest", "tiered" */
+tr_status tr_kv_policy_parse(const char *name, tr_kv_policy *out, tr_error *err);
+const char *tr_kv_policy_name(tr_kv_policy p);
+
+/* Budgets are checked here, before anything is allocated: a configuration that cannot fit (hot
+ * pool smaller than sinks + window + one step's working set, no cold directory when one is
+ * needed, a cold directory that is not writable) is an error that says what it needs. */
+tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_kv **out,
+                       tr_error *err);
+void tr_kv_free(tr_kv *kv);
+
+/* bytes a configuration needs in DRAM (hot pool + working set + scoring copies) */
+uint64_t tr_kv_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params);
+
+/* Store token `pos` of `layer` (positions are appended in order per layer; pos == the layer's
+ * current length, or a rewrite after truncate). k: [n_head_kv * head_dim_k], v: [n_head_kv *
+ * head_dim_v], f32 (stored as F16, plus the low-precision key copy). */
+tr_status tr_kv_append(tr_kv *kv, int32_t layer, int32_t pos, const float *k, const float *v,
+                       tr_error *err);
+
+/* Attention of `rows` query rows of one layer: row r is at position pos[r] (it may attend to keys
+ * at positions <= pos[r], already appended) with query q[r * q_stride ..] ([n_head * head_dim_k],
+ * after RoPE and any pre-scaling); scores are multiplied by `scale`; `sinks` (per head, may be
+ * NULL) add a softmax sink; `swa` > 0 restricts keys to pos - key < swa. Output:
+ * out[r * out_stride ..] = [n_head * head_dim_v]. The policy decides which keys take part. */
+tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t rows,
+                            const int32_t *pos, const float *q, size_t q_stride, float scale,
+                            const float *sinks, int32_t swa, float *out, size_t out_stride,
+                            tr_error *err);
+
+/* drop positions >= n in every layer */
+tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err);
+
+/* save / restore the whole cache (all layers, both pools) to / from one file */
+tr_status tr_kv_save(const tr_kv *kv, const char *path, tr_error *err);
+tr_status tr_kv_restore(tr_kv *kv, const char *path, tr_error *err);
+
+typedef struct tr_kv_stats {
+    int64_t tokens;              /* positions held (per layer) */
+    uint64_t hot_bytes, cold_bytes;
+    uint64_t selected;           /* tokens attended at the last step, summed over layers */
+    uint64_t bytes_read;         /* storage -> host, cumulative */
+    uint64_t score_ns, attn_ns;  /* cumulative */
+    uint64_t steps;              /* attend calls */
+} tr_kv_stats;
+void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);
+
+#endif
