@@ -23,55 +23,18 @@ typedef struct bigram {
 } bigram;
 
 /* a is popped before b: lower rank, then the leftmost */
-static bool before(const bigram *a, const bigram *b) {
+static bool before(const void *va, const void *vb) {
+    const bigram *a = va, *b = vb;
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-typedef struct heap {
-    bigram *v;
-    size_t n, cap;
-} heap;
-
-static bool heap_push(heap *h, bigram b) {
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        bigram *q = realloc(h->v, nc * sizeof *q);
-        if (!q) return false;
-        h->v = q;
-        h->cap = nc;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!before(&b, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = b;
-    return true;
-}
-
-static bigram heap_pop(heap *h) {
-    bigram top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && before(&h->v[c + 1], &h->v[c])) c++;
-        if (!before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = last;
-    return top;
-}
 
 typedef struct session {
     const tr_tokenizer *t;
     const char *w;
     sym *syms;
     size_t cap;
-    heap q;
+    tr_heap q;
 } session;
 
 static bool add_bigram(session *s, int32_t l, int32_t r) {
@@ -79,7 +42,8 @@ static bool add_bigram(session *s, int32_t l, int32_t r) {
     const sym *a = &s->syms[l], *b = &s->syms[r];
     int32_t rank = tr_merge_rank(s->t, s->w + a->start, a->n, s->w + b->start, b->n);
     if (rank < 0) return true;
-    return heap_push(&s->q, (bigram){rank, l, r, a->n + b->n});
+    const bigram b2 = {rank, l, r, a->n + b->n};
+    return tr_heap_push(&s->q, &b2);
 }
 
 /* a symbol that is not a token: one token per byte, if the vocabulary has one (else nothing, as
@@ -122,7 +86,8 @@ static bool encode_word(session *s, const char *w, size_t n, tr_ibuf *out) {
     for (int32_t i = 1; i < ns; i++)
         if (!add_bigram(s, i - 1, i)) return false;
     while (s->q.n) {
-        bigram b = heap_pop(&s->q);
+        bigram b;
+        tr_heap_pop(&s->q, &b);
         sym *l = &s->syms[b.left], *r = &s->syms[b.right];
         if (!l->n || !r->n || l->n + r->n != b.size) continue; /* stale */
         l->n += r->n;
@@ -147,7 +112,7 @@ tr_status tr_bpe_encode(const tr_tokenizer *t, const char *text, size_t len, tr_
                         tr_error *err) {
     tr_cbuf esc = {0}, words = {0};
     tr_zbuf ends = {0};
-    session s = {.t = t};
+    session s = {.t = t, .q = {.size = sizeof(bigram), .before = before}};
     tr_status st = TR_OK;
     if (t->escape_ws) { /* SPM-style BPE (gemma4): spaces are U+2581 before splitting */
         for (size_t i = 0; i < len; i++) {
@@ -170,6 +135,6 @@ done:
     tr_cbuf_free(&words);
     tr_zbuf_free(&ends);
     free(s.syms);
-    free(s.q.v);
+    tr_heap_free(&s.q);
     return st;
 }

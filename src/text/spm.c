@@ -22,63 +22,27 @@ typedef struct bigram {
 } bigram;
 
 /* a is popped before b: higher score, then the leftmost */
-static bool before(const bigram *a, const bigram *b) {
+static bool before(const void *va, const void *vb) {
+    const bigram *a = va, *b = vb;
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-typedef struct heap {
-    bigram *v;
-    size_t n, cap;
-} heap;
 
-static bool heap_push(heap *h, bigram b) {
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        bigram *q = realloc(h->v, nc * sizeof *q);
-        if (!q) return false;
-        h->v = q;
-        h->cap = nc;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!before(&b, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = b;
-    return true;
-}
-
-static bigram heap_pop(heap *h) {
-    bigram top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && before(&h->v[c + 1], &h->v[c])) c++;
-        if (!before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = last;
-    return top;
-}
-
-static bool try_add(const tr_tokenizer *t, const char *text, const sym *syms, heap *q, int32_t l,
+static bool try_add(const tr_tokenizer *t, const char *text, const sym *syms, tr_heap *q, int32_t l,
                     int32_t r) {
     if (l < 0 || r < 0) return true;
     size_t size = syms[l].n + syms[r].n; /* the two symbols are adjacent in the text */
     int32_t id = tr_vocab_find(t, text + syms[l].start, size);
     if (id < 0) return true;
-    return heap_push(q, (bigram){t->tok[id].score, l, r, size});
+    const bigram b = {t->tok[id].score, l, r, size};
+    return tr_heap_push(q, &b);
 }
 
 tr_status tr_spm_encode(const tr_tokenizer *t, const char *text, size_t len, tr_ibuf *out,
                         tr_error *err) {
     if (!len) return TR_OK;
     sym *syms = malloc(len * sizeof *syms);
-    heap q = {0};
+    tr_heap q = {.size = sizeof(bigram), .before = before};
     if (!syms) goto oom;
     int32_t ns = 0;
     for (size_t off = 0; off < len; ns++) {
@@ -90,7 +54,8 @@ tr_status tr_spm_encode(const tr_tokenizer *t, const char *text, size_t len, tr_
     for (int32_t i = 1; i < ns; i++)
         if (!try_add(t, text, syms, &q, i - 1, i)) goto oom;
     while (q.n) {
-        bigram b = heap_pop(&q);
+        bigram b;
+        tr_heap_pop(&q, &b);
         sym *l = &syms[b.left], *r = &syms[b.right];
         if (!l->n || !r->n || l->n + r->n != b.size) continue; /* stale */
         l->n += r->n;
@@ -119,10 +84,10 @@ tr_status tr_spm_encode(const tr_tokenizer *t, const char *text, size_t len, tr_
         }
     }
     free(syms);
-    free(q.v);
+    tr_heap_free(&q);
     return TR_OK;
 oom:
     free(syms);
-    free(q.v);
+    tr_heap_free(&q);
     return tr_fail(err, TR_E_NOMEM, "SPM: out of memory (fragment of %zu bytes)", len);
 }

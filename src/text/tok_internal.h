@@ -54,6 +54,17 @@ typedef struct tr_hmap {
     size_t mask;
 } tr_hmap;
 
+/* A binary min-heap of fixed-size items ordered by `before` (the merge queues of BPE and SPM). */
+typedef bool (*tr_heap_before_fn)(const void *a, const void *b);
+typedef struct tr_heap {
+    char *v;
+    size_t n, cap, size;
+    tr_heap_before_fn before;
+} tr_heap;
+bool tr_heap_push(tr_heap *h, const void *item);
+void tr_heap_pop(tr_heap *h, void *out); /* h->n > 0 */
+void tr_heap_free(tr_heap *h);
+
 bool tr_hmap_init(tr_hmap *m, size_t n_expected);
 void tr_hmap_free(tr_hmap *m);
 

@@ -156,3 +156,45 @@ int tr_cp_to_byte(uint32_t cp) {
     if (cp == 0x100 + 67) return 0xad;
     return -1;
 }
+
+/* ---- binary heap ------------------------------------------------------------------------------ */
+
+bool tr_heap_push(tr_heap *h, const void *item) {
+    if (h->n == h->cap) {
+        size_t nc = h->cap ? h->cap * 2 : 64;
+        char *q = realloc(h->v, nc * h->size);
+        if (!q) return false;
+        h->v = q;
+        h->cap = nc;
+    }
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!h->before(item, h->v + p * h->size)) break;
+        memcpy(h->v + i * h->size, h->v + p * h->size, h->size);
+        i = p;
+    }
+    memcpy(h->v + i * h->size, item, h->size);
+    return true;
+}
+
+void tr_heap_pop(tr_heap *h, void *out) {
+    memcpy(out, h->v, h->size);
+    const char *last = h->v + --h->n * h->size;
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && h->before(h->v + (c + 1) * h->size, h->v + c * h->size)) c++;
+        if (!h->before(h->v + c * h->size, last)) break;
+        memcpy(h->v + i * h->size, h->v + c * h->size, h->size);
+        i = c;
+    }
+    if (h->n) memmove(h->v + i * h->size, last, h->size);
+}
+
+void tr_heap_free(tr_heap *h) {
+    free(h->v);
+    h->v = NULL;
+    h->n = h->cap = 0;
+}
