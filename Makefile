@@ -20,7 +20,7 @@ ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
 LDLIBS  := -lpcre2-8 -lpthread -lm
 CLI_LIBS := -lcjson
 
-LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c
 CLI_SRC := $(wildcard tools/*.c)
 
@@ -92,6 +92,11 @@ bench: deps all peer
 # a MoE model bigger than memory, in a capped cgroup (root; results: bench/results/moe.md)
 bench-moe: deps all peer
 	@bash bench/bench_moe.sh
+
+# KV decode step, offload vs tiered (and h2o, quest), 7B-like attention, most KV on disk, in a
+# capped cgroup (root; results: bench/results/kv.md)
+bench-kv: deps all $(BUILD)/bench/bench_kv
+	@bash bench/bench_kv.sh
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
 bench-kv-quality: deps all

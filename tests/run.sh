@@ -86,6 +86,13 @@ run "CLI bad input (models, flags) [$ASAN_BUILD]" $PY tests/py/test_cli_errors.p
 run "parity vs llama.cpp, real models: SmolLM2 (llama), Gemma 3 (gemma3)" \
     $PY tests/py/parity_real.py check build/terrace tests/ref/parity-real.json smollm2 gemma3
 
+# the tiered KV cache: every policy at alpha 1 = reference attention, selection = brute force,
+# scoring recall (INT8/INT4, max vs sum), h2o/quest semantics, cold-pool faults (ASan)
+run "test_kv [build]" build/tests/test_kv
+run "test_kv [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_kv"
+run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; default model" \
+    $PY tests/py/test_kv_policies.py build/terrace "$(bash scripts/get_model.sh smollm2)"
+
 # --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \

@@ -26,6 +26,7 @@ typedef struct gen_opts {
     int n_stop;
     /* bench / perplexity */
     int32_t n_prompt_bench, n_gen_bench, reps;
+    int32_t n_chunks; /* perplexity --chunks */
     bool json;
     const char *telemetry;   /* --telemetry FILE */
     const char *route_trace; /* --route-trace FILE */

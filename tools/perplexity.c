@@ -54,7 +54,7 @@ int cmd_perplexity(int argc, char **argv) {
 
     const int32_t n_ctx = o.n_ctx > 0 ? o.n_ctx
                           : (tr_model_n_ctx_train(ld.model) < 4096 ? tr_model_n_ctx_train(ld.model) : 4096);
-    if (n_tok < 2 * (size_t)n_ctx) {
+    if (n_tok < 2 * (size_t)n_ctx && !(o.n_chunks == 1 && n_tok >= (size_t)n_ctx)) {
         cli_error("perplexity: the text has %zu tokens; at least 2 * c = %d are needed (lower -c)",
                   n_tok, 2 * n_ctx);
         goto out;
@@ -71,7 +71,8 @@ int cmd_perplexity(int argc, char **argv) {
         cli_error("out of memory for %d x %d logits", n_batch, n_vocab);
         goto out;
     }
-    const size_t n_chunk = n_tok / (size_t)n_ctx;
+    size_t n_chunk = n_tok / (size_t)n_ctx;
+    if (o.n_chunks > 0 && (size_t)o.n_chunks < n_chunk) n_chunk = (size_t)o.n_chunks;
     const int32_t first = n_ctx / 2;
     const bool add_bos = tr_tokenizer_add_bos(ld.tok);
     const int32_t bos = tr_token_bos(ld.tok);

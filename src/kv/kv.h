@@ -13,13 +13,26 @@
  *            keys with per-channel scales, select the top alpha fraction plus sinks and a recent
  *            window, gather their original F16 K/V into the compute working set, attend over them
  *
+ * Selection (h2o/quest/tiered at alpha < 1), per query row at position p over the visible keys
+ * (p - swa < key <= p): the sinks (key < n_sink) and the window (key > p - n_window) always, plus
+ * ceil(alpha * visible) of the others: tiered the best by the max over all query heads of the
+ * low-precision q.k (max beats sum on the measured recall of each head's top keys, test_kv);
+ * quest whole pages by the max over heads of their bound until they hold that many; h2o keeps
+ * that many by accumulated attention and evicts the rest for good.
+ *
  * Tiers: the hot pool (DRAM, --kv-hot bytes), the cold pool (--kv-cold DIR: per-layer append-only
  * segment files holding F16 K, F16 V and the low-precision key copy, with a checksum per page,
  * verified on every read; removed at free unless keep), and the compute working set (a separate
  * buffer the attention reads from, so a GPU backend can replace it).
  *
  * Threading: tr_kv_attend_rows parallelises on the pool it is given; every other call is made by
- * one thread at a time (the model lock serialises forward passes).
+ * one thread at a time (the model lock serialises forward passes). The cold pool reads through its
+ * own I/O worker threads (created once, at create).
+ *
+ * Rows: every query row is treated as a decode step at its position: the policy chooses the keys
+ * of each row (teacher-forced perplexity measures what decoding would see). Policies that attend
+ * every key (full, offload, and any policy at alpha >= 1) share one gather among all rows of a
+ * call; h2o processes rows in order, evicting after each, exactly as sequential decoding would.
  */
 #ifndef TR_KV_KV_H
 #define TR_KV_KV_H
@@ -37,15 +50,24 @@ typedef enum {
     TR_KV_TIERED,
 } tr_kv_policy;
 
+/* tokens per cold page (and per quest page) */
+#define TR_KV_PAGE 16
+
 typedef struct tr_kv_params {
     tr_kv_policy policy;
-    float alpha;          /* fraction of the context selected per step (h2o/quest/tiered); 1 = all */
+    float alpha;          /* share of the context selected per step (default 0.2); 1: all */
     int32_t n_sink;       /* first tokens always attended (default 4) */
     int32_t n_window;     /* most recent tokens always attended (default 64) */
     int score_bits;       /* 8 or 4: precision of the key copy used for scoring (tiered) */
     uint64_t hot_bytes;   /* hot pool budget; 0: everything hot (no cold pool needed) */
-    const char *cold_dir; /* directory of the cold pool (required when hot_bytes cannot hold n_ctx) */
+    const char *cold_dir; /* cold pool directory (needed when hot_bytes cannot hold n_ctx) */
     bool keep;            /* keep the cold files after free */
+    uint64_t ws_bytes;    /* compute working set (gathered K/V of one layer); 0: auto (64 MiB, at
+                             most the whole context); a step whose selection does not fit is
+                             processed in chunks with an online softmax */
+    int32_t n_threads;    /* most threads of a pool passed to attend (per-thread scratch); 0: the
+                             online CPUs; a bigger pool works, its extra threads stay idle */
+    int32_t io_threads;   /* parallel storage reads of the cold pool; 0: 64 */
 } tr_kv_params;
 
 typedef struct tr_kv_shape {
@@ -62,14 +84,21 @@ tr_status tr_kv_policy_parse(const char *name, tr_kv_policy *out, tr_error *err)
 const char *tr_kv_policy_name(tr_kv_policy p);
 
 /* Budgets are checked here, before anything is allocated: a configuration that cannot fit (hot
- * pool smaller than sinks + window + one step's working set, no cold directory when one is
- * needed, a cold directory that is not writable) is an error that says what it needs. */
+ * pool smaller than the sinks plus one page per layer, a working set under two pages, no cold
+ * directory when one is needed, a cold directory that is not writable or lacks the space the
+ * segment files reserve) is an error that says what it needs. */
 tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_kv **out,
                        tr_error *err);
 void tr_kv_free(tr_kv *kv);
 
-/* bytes a configuration needs in DRAM (hot pool + working set + scoring copies) */
+/* bytes a configuration needs in DRAM (hot pool + working set + scoring copies + metadata and
+ * scratch); 0 if the shape or parameters are invalid */
 uint64_t tr_kv_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params);
+/* bytes the cold pool reserves on storage (0: no cold pool needed) */
+uint64_t tr_kv_cold_bytes_needed(const tr_kv_shape *shape, const tr_kv_params *params);
+/* the directory holding this cache's segment files (a fresh one inside cold_dir), NULL if none;
+ * without keep it is removed at create (the open files live on until free) */
+const char *tr_kv_cold_path(const tr_kv *kv);
 
 /* Store token `pos` of `layer` (positions are appended in order per layer; pos == the layer's
  * current length, or a rewrite after truncate). k: [n_head_kv * head_dim_k], v: [n_head_kv *
@@ -87,20 +116,26 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                             const float *sinks, int32_t swa, float *out, size_t out_stride,
                             tr_error *err);
 
-/* drop positions >= n in every layer */
+/* drop positions >= n in every layer (h2o: tokens evicted before n stay evicted) */
 tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err);
 
-/* save / restore the whole cache (all layers, both pools) to / from one file */
+/* save / restore the whole cache (all layers, both pools) to / from one file; restore needs the
+ * same shape, policy and score bits, verifies every block's checksum, and leaves the cache empty
+ * if it fails */
 tr_status tr_kv_save(const tr_kv *kv, const char *path, tr_error *err);
 tr_status tr_kv_restore(tr_kv *kv, const char *path, tr_error *err);
 
 typedef struct tr_kv_stats {
-    int64_t tokens;              /* positions held (per layer) */
+    int64_t tokens; /* positions held (per layer) */
     uint64_t hot_bytes, cold_bytes;
-    uint64_t selected;           /* tokens attended at the last step, summed over layers */
-    uint64_t bytes_read;         /* storage -> host, cumulative */
-    uint64_t score_ns, attn_ns;  /* cumulative */
-    uint64_t steps;              /* attend calls */
+    uint64_t selected;          /* tokens attended at each layer's last attend call (a call of
+                                   several rows: summed over them), summed over layers */
+    uint64_t bytes_read;        /* storage -> host, cumulative */
+    uint64_t score_ns, attn_ns; /* cumulative */
+    uint64_t steps;             /* attend calls */
+    uint64_t io_ns;             /* time attend waited for storage reads, cumulative (in attn_ns) */
+    uint64_t read_ops;          /* storage reads issued, cumulative */
+    uint64_t evicted;           /* h2o: tokens evicted, summed over layers */
 } tr_kv_stats;
 void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);
 

@@ -37,9 +37,10 @@ def check(cond, msg):
         print(f"FAIL: {msg}", file=sys.stderr)
 
 
-def logits(model, toks, extra, out):
+def logits(model, toks, extra, out, env=None):
     r = subprocess.run([TERRACE, "logits", "-m", model, "--tokens", ",".join(map(str, toks)),
-                        "--out", out, "-b", "64", *extra], capture_output=True, text=True)
+                        "--out", out, "-b", "64", *extra], capture_output=True, text=True,
+                       env=env)
     if r.returncode != 0:
         return None, r.stderr.strip()
     return np.fromfile(out, dtype=np.float32).reshape(len(toks), -1), ""
@@ -77,10 +78,27 @@ def main():
                     top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
                     print(f"  {label:18s} {pol:8s} alpha=0.2 hot   top-1 vs full {100 * top1:.1f}%")
         if REAL and os.path.exists(REAL):
-            rt = synth.token_sequence(96, seed=3)
-            rt = [t % 1000 + 100 for t in rt]
+            # natural text (random ids would give near-tie predictions everywhere)
+            text = ("In the beginning God created the heaven and the earth. And the earth was "
+                    "without form, and void; and darkness was upon the face of the deep. And the "
+                    "Spirit of God moved upon the face of the waters. And God said, Let there be "
+                    "light: and there was light. And God saw the light, that it was good: and God "
+                    "divided the light from the darkness. And God called the light Day, and the "
+                    "darkness he called Night. And the evening and the morning were the first day.")
+            r = subprocess.run([TERRACE, "run", "-m", REAL, "-p", text, "-n", "0", "--verbose",
+                                "--no-display-prompt"], capture_output=True, text=True)
+            rt = [int(x) for line in r.stderr.splitlines() if line.startswith("terrace: prompt tokens")
+                  for x in line.split(":", 2)[2].split()]
             full, e = logits(REAL, rt, [], os.path.join(tmp, "f.f32"))
             check(full is not None, f"real model full: {e}")
+            # The real model is quantized (Q4_1): activation re-quantization turns any float
+            # difference into jumps that 30 layers carry on (parity.py). The noise floor is what
+            # merely changing the kernel family (summation order) does to the full cache's logits;
+            # a policy at alpha = 1 must stay within twice that.
+            scalar, e = logits(REAL, rt, [], os.path.join(tmp, "s.f32"),
+                               env=dict(os.environ, TERRACE_ISA="scalar"))
+            floor = float(np.abs(scalar - full).max()) if scalar is not None and full is not None else 0
+            print(f"  default real model: full, avx vs scalar kernels: max |dlogit| {floor:.2e} (noise floor)")
             for pol in POLICIES:
                 got, e = logits(REAL, rt, ["--kv-policy", pol, "--kv-alpha", "1"],
                                 os.path.join(tmp, "p.f32"))
@@ -88,11 +106,9 @@ def main():
                 if got is None or full is None:
                     continue
                 d = float(np.abs(got - full).max())
-                # the real model is quantized (Q4_1): its activation re-quantization turns tiny
-                # float differences into jumps (see parity.py), so it is compared by top-1 and a
-                # looser bound
                 top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
-                check(top1 >= 0.97 and d <= 1.5, f"real model {pol} alpha=1: top-1 {top1:.3f}, max {d:.2e}")
+                check(top1 >= 0.95 and d <= max(2 * floor, 0.1),
+                      f"real model {pol} alpha=1: top-1 {top1:.3f}, max {d:.2e} (floor {floor:.2e})")
                 print(f"  {'default real model':18s} {pol:8s} alpha=1   hot   max |dlogit| {d:.2e}  "
                       f"top-1 {100 * top1:.1f}%")
     print("test_kv_policies: " + ("all checks passed" if not failures else f"{failures} FAILED"))

@@ -1,0 +1,392 @@
+/*
+ * Decode-step speed of the KV policies on a 7B-like attention shape: 32 layers, 32 query heads
+ * and 32 KV heads of 128 (F16 K+V: 512 KiB per token, 16 GiB at 32K), most of the KV in the cold
+ * pool on local storage. Driven through tr_kv directly; no model.
+ *
+ *   build/bench/bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] [--bits 4|8]
+ *                        [--hot-frac F] [--steps S] [--threads T] [--io-threads N] [--plan]
+ *
+ * One JSON line per run (the script bench/bench_kv.sh runs each configuration in its own process,
+ * inside a memory cgroup sized from --plan, which prints the DRAM the configuration needs).
+ *
+ * Fill: a full-attention prefill of 32K tokens is out of reach on 2 cores, so the pools are filled
+ * directly through tr_kv_append with keys drawn to match the statistics of real ones: per layer and
+ * KV head, per-channel scales (log-normal, with 3 outlier channels 8x larger), per-channel means,
+ * RoPE applied at each token's position (base 10000), and 2% "anchor" tokens (plus the first 4)
+ * carrying a direction in the slowly rotating channels that the queries share, so they draw much
+ * of the attention as heavy hitters do. Values are N(0, 1). Queries: per head 0.7 N(0, 1) + 0.4 *
+ * that direction, times 3 (logits spread ~2.5 after 1/sqrt(128)), rotated to the step's position.
+ *
+ * Timed: one decode step = for every layer, for every sequence of the batch, append the new
+ * token's K/V and attend its query row (rows = 1). One untimed warm-up step first (h2o evicts down
+ * to its budget there, the cache having been filled without attention). Storage bytes are what the
+ * cache read (pread bytes) and what the kernel read for the process (/proc/self/io read_bytes).
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/pool.h"
+#include "kv/kv_internal.h"
+
+#define NL   32
+#define NKV  32
+#define NH   32
+#define HD   128
+#define POOL 4096
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float unif(uint64_t *s) { /* [-1, 1) */
+    *s = mix(*s);
+    return (float)((double)(*s >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+static float normal(uint64_t *s) {
+    float a = 0;
+    for (int i = 0; i < 6; i++) a += unif(s);
+    return a * 0.7071f;
+}
+
+static uint64_t dev_read_bytes(void) {
+    FILE *f = fopen("/proc/self/io", "r");
+    if (!f) return 0;
+    char line[128];
+    unsigned long long v = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "read_bytes: %llu", &v) == 1) break;
+    fclose(f);
+    return v;
+}
+
+static int drop_caches(void) {
+    sync();
+    FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+    if (!f) return 0;
+    const int ok = fputs("1\n", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+/* key statistics per (layer, KV head) and the noise pools */
+static float *g_sig, *g_mu, *g_dir, *g_noise;
+
+static void stats_make(void) {
+    uint64_t s = 42;
+    const size_t n = (size_t)NL * NKV * HD;
+    g_sig = malloc(n * sizeof(float));
+    g_mu = malloc(n * sizeof(float));
+    g_dir = malloc(n * sizeof(float));
+    g_noise = malloc((size_t)POOL * HD * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        const int c = (int)(i % HD), pair = c % (HD / 2);
+        g_sig[i] = expf(0.5f * normal(&s));
+        g_mu[i] = 0.3f * normal(&s);
+        g_dir[i] = pair >= HD / 4 ? 1.4f * normal(&s) : 0.0f;
+    }
+    for (size_t lg = 0; lg < (size_t)NL * NKV; lg++)
+        for (int o = 0; o < 3; o++) {
+            s = mix(s);
+            g_sig[lg * HD + HD / 4 + (int)(s % (HD / 4))] *= 8.0f;
+        }
+    for (size_t i = 0; i < (size_t)POOL * HD; i++) g_noise[i] = normal(&s);
+}
+
+static void rope_table(float *cs, int32_t pos) {
+    for (int c = 0; c < HD / 2; c++) {
+        const double th = pos * pow(10000.0, -2.0 * c / HD);
+        cs[2 * c] = (float)cos(th);
+        cs[2 * c + 1] = (float)sin(th);
+    }
+}
+
+static void rope(float *x, const float *cs) {
+    for (int c = 0; c < HD / 2; c++) {
+        const float a = x[c], b = x[c + HD / 2];
+        x[c] = a * cs[2 * c] - b * cs[2 * c + 1];
+        x[c + HD / 2] = a * cs[2 * c + 1] + b * cs[2 * c];
+    }
+}
+
+/* A latent per (sequence, layer, KV head) that drifts along the positions (AR(1), rho per token)
+ * in the slowly rotating channels: it makes the scores of neighbouring tokens alike, so the
+ * selected tokens form runs as on a real model (bench/results/kv.md gives the calibration). */
+static float g_rho = 0.9f, g_smooth = 8.0f;
+static float *g_lat; /* [batch][NL][NKV][HD] */
+
+/* K and V of token t of layer l ([NKV][HD] each); seq varies the sequence of a batch. Tokens must
+ * come in order of t per (seq, l): the latent advances one step per call. */
+static void make_kv(float *k, float *v, int l, int32_t t, int seq, const float *cs) {
+    const uint64_t h = mix((uint64_t)t * 1315423911u + (uint64_t)seq * 2654435761u);
+    const bool anchor = t < 4 || h % 50 == 0;
+    const float a = g_rho, bnoise = sqrtf(1.0f - g_rho * g_rho);
+    for (int g = 0; g < NKV; g++) {
+        const size_t lg = ((size_t)l * NKV + (size_t)g) * HD;
+        const uint64_t hk = mix(h + (uint64_t)(l * NKV + g));
+        const float *z = g_noise + (hk % POOL) * HD, *zv = g_noise + ((hk >> 20) % POOL) * HD;
+        const float *zl = g_noise + ((hk >> 40) % POOL) * HD;
+        float *lat = g_lat + ((size_t)seq * NL * NKV) * HD + lg;
+        float *kk = k + (size_t)g * HD, *vv = v + (size_t)g * HD;
+        for (int c = 0; c < HD; c++) {
+            const bool slow = c % (HD / 2) >= HD / 4;
+            if (slow) lat[c] = a * lat[c] + bnoise * zl[c];
+            kk[c] = g_mu[lg + c] + g_sig[lg + c] * 0.5f * z[c] +
+                    (anchor ? 0.8f * g_dir[lg + c] : 0) + (slow ? g_smooth * lat[c] : 0);
+            vv[c] = zv[c];
+        }
+        rope(kk, cs);
+    }
+}
+
+static void make_q(float *q, int l, int32_t pos, int seq, const float *cs) {
+    uint64_t s = mix((uint64_t)pos * 7919u + (uint64_t)l * 104729u + (uint64_t)seq);
+    for (int h = 0; h < NH; h++) {
+        const size_t lg = ((size_t)l * NKV + (size_t)(h / (NH / NKV))) * HD;
+        float *qh = q + (size_t)h * HD;
+        for (int c = 0; c < HD; c++) qh[c] = 3.0f * (0.7f * normal(&s) + 0.4f * g_dir[lg + c]);
+        rope(qh, cs);
+    }
+}
+
+typedef struct bench {
+    tr_kv **kv;
+    tr_pool *pool;
+    int batch, steps;
+    int32_t pos_next;
+    float *cs, *k, *v, *q, *out;
+} bench;
+
+typedef struct step_result {
+    double mean_ms, min_ms, bytes_read, dev_read, read_ops, selected, score_ms, attn_ms, io_ms;
+    double cpu_user_ms, cpu_sys_ms; /* the process's CPU time per step */
+} step_result;
+
+static double tv_ms(const struct timeval *a, const struct timeval *b) {
+    return (double)(a->tv_sec - b->tv_sec) * 1e3 + (double)(a->tv_usec - b->tv_usec) / 1e3;
+}
+
+/* one warm-up step, then `steps` timed ones; sums over the batch, means over the steps */
+static int measure(bench *B, step_result *r) {
+    tr_error err = {0};
+    const float scale = 1.0f / sqrtf((float)HD);
+    memset(r, 0, sizeof *r);
+    r->min_ms = 1e300;
+    for (int s = -1; s < B->steps; s++) {
+        const int32_t pos = B->pos_next++;
+        rope_table(B->cs, pos);
+        for (int b = 0; b < B->batch; b++)
+            for (int l = 0; l < NL; l++) {
+                const size_t o = (size_t)b * NL + l;
+                make_kv(B->k + o * NKV * HD, B->v + o * NKV * HD, l, pos, b, B->cs);
+                make_q(B->q + o * NH * HD, l, pos, b, B->cs);
+            }
+        tr_kv_stats st0[64], st1;
+        for (int b = 0; b < B->batch; b++) tr_kv_get_stats(B->kv[b], &st0[b]);
+        const uint64_t dev0 = dev_read_bytes();
+        struct rusage ru0, ru1;
+        getrusage(RUSAGE_SELF, &ru0);
+        const double t0 = now_s();
+        for (int l = 0; l < NL; l++)
+            for (int b = 0; b < B->batch; b++) {
+                const size_t o = (size_t)b * NL + l;
+                if (tr_kv_append(B->kv[b], l, pos, B->k + o * NKV * HD, B->v + o * NKV * HD,
+                                 &err) ||
+                    tr_kv_attend_rows(B->kv[b], B->pool, l, 1, &pos, B->q + o * NH * HD, NH * HD,
+                                      scale, NULL, 0, B->out, NH * HD, &err)) {
+                    fprintf(stderr, "bench_kv: step: %s\n", err.msg);
+                    return 1;
+                }
+            }
+        const double ms = (now_s() - t0) * 1e3;
+        getrusage(RUSAGE_SELF, &ru1);
+        const uint64_t dev = dev_read_bytes() - dev0;
+        if (s < 0) continue; /* warm-up */
+        const double n = B->steps;
+        r->mean_ms += ms / n;
+        if (ms < r->min_ms) r->min_ms = ms;
+        r->dev_read += (double)dev / n;
+        r->cpu_user_ms += tv_ms(&ru1.ru_utime, &ru0.ru_utime) / n;
+        r->cpu_sys_ms += tv_ms(&ru1.ru_stime, &ru0.ru_stime) / n;
+        for (int b = 0; b < B->batch; b++) {
+            tr_kv_get_stats(B->kv[b], &st1);
+            r->bytes_read += (double)(st1.bytes_read - st0[b].bytes_read) / n;
+            r->read_ops += (double)(st1.read_ops - st0[b].read_ops) / n;
+            r->selected += (double)st1.selected / n;
+            r->score_ms += (double)(st1.score_ns - st0[b].score_ns) / 1e6 / n;
+            r->attn_ms += (double)(st1.attn_ns - st0[b].attn_ns) / 1e6 / n;
+            r->io_ms += (double)(st1.io_ns - st0[b].io_ns) / 1e6 / n;
+        }
+    }
+    return 0;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] "
+                    "[--bits 4|8] [--hot-frac F] [--steps S] [--threads T] [--io-threads N] "
+                    "[--read-gap G] [--plan]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    const char *cold = NULL, *policy = "tiered";
+    int32_t ctx = 8192, batch = 1, steps = 3, threads = 2, io_threads = 0, bits = 4;
+    int32_t gaps[8] = {-1}, n_gaps = 1;
+    double alpha = 0.2, hot_frac = 1.0 / 16;
+    bool plan = false;
+    static const struct option opts[] = {
+        {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
+        {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
+        {"hot-frac", 1, 0, 'h'},   {"steps", 1, 0, 's'}, {"threads", 1, 0, 't'},
+        {"io-threads", 1, 0, 'i'}, {"plan", 0, 0, 'P'},  {"read-gap", 1, 0, 'g'},
+        {"smooth", 1, 0, 'S'},     {"rho", 1, 0, 'R'},   {0, 0, 0, 0}};
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        switch (c) {
+        case 'c': cold = optarg; break;
+        case 'n': ctx = atoi(optarg); break;
+        case 'p': policy = optarg; break;
+        case 'b': batch = atoi(optarg); break;
+        case 'a': alpha = atof(optarg); break;
+        case 'q': bits = atoi(optarg); break;
+        case 'h': hot_frac = atof(optarg); break;
+        case 's': steps = atoi(optarg); break;
+        case 't': threads = atoi(optarg); break;
+        case 'i': io_threads = atoi(optarg); break;
+        case 'P': plan = true; break;
+        case 'S': g_smooth = (float)atof(optarg); break;
+        case 'R': g_rho = (float)atof(optarg); break;
+        case 'g': { /* a list: the steps are measured once per value, on the same fill */
+            n_gaps = 0;
+            for (char *t = strtok(optarg, ","); t && n_gaps < 8; t = strtok(NULL, ","))
+                gaps[n_gaps++] = atoi(t);
+            if (!n_gaps) usage();
+            break;
+        }
+        default: usage();
+        }
+    }
+    if (ctx < 64 || batch < 1 || batch > 64 || steps < 1 || (!cold && !plan)) usage();
+    tr_error err = {0};
+    tr_kv_params p = tr_kv_default_params();
+    if (tr_kv_policy_parse(policy, &p.policy, &err)) {
+        fprintf(stderr, "bench_kv: %s\n", err.msg);
+        return 2;
+    }
+    const int32_t n_ctx = ctx + (steps + 1) * 8 + 2;
+    const tr_kv_shape shape = {NL, n_ctx, NH, NKV, HD, HD};
+    const uint64_t rec = (uint64_t)NKV * HD * 2 * 2;
+    p.alpha = (float)alpha;
+    p.score_bits = bits;
+    p.hot_bytes = (uint64_t)(hot_frac * (double)ctx) * NL * rec;
+    p.cold_dir = cold ? cold : "/tmp";
+    p.n_threads = threads;
+    p.io_threads = io_threads;
+    const uint64_t dram = tr_kv_dram_bytes(&shape, &p) * (uint64_t)batch;
+    const uint64_t cold_need = tr_kv_cold_bytes_needed(&shape, &p) * (uint64_t)batch;
+    if (plan) {
+        printf("{\"dram_bytes\": %llu, \"cold_bytes\": %llu}\n", (unsigned long long)dram,
+               (unsigned long long)cold_need);
+        return 0;
+    }
+
+    tr_pool *pool = NULL;
+    if (tr_pool_create(threads, &pool, &err)) {
+        fprintf(stderr, "bench_kv: %s\n", err.msg);
+        return 1;
+    }
+    tr_kv **kv = calloc((size_t)batch, sizeof *kv);
+    for (int b = 0; b < batch; b++) {
+        if (tr_kv_create(&shape, &p, &kv[b], &err)) {
+            fprintf(stderr, "bench_kv: %s\n", err.msg);
+            return 1;
+        }
+    }
+    stats_make();
+    g_lat = calloc((size_t)batch * NL * NKV * HD, sizeof(float));
+    float *cs = malloc(sizeof(float) * HD);
+    float *k = malloc(sizeof(float) * (size_t)batch * NL * NKV * HD);
+    float *v = malloc(sizeof(float) * (size_t)batch * NL * NKV * HD);
+    float *q = malloc(sizeof(float) * (size_t)batch * NL * NH * HD);
+    float *out = malloc(sizeof(float) * NH * HD);
+
+    /* fill */
+    const double t_fill = now_s();
+    for (int32_t t = 0; t < ctx; t++) {
+        rope_table(cs, t);
+        for (int b = 0; b < batch; b++)
+            for (int l = 0; l < NL; l++) {
+                make_kv(k, v, l, t, b, cs);
+                if (tr_kv_append(kv[b], l, t, k, v, &err)) {
+                    fprintf(stderr, "bench_kv: fill: %s\n", err.msg);
+                    return 1;
+                }
+            }
+    }
+    const double fill_s = now_s() - t_fill;
+    const int dropped = drop_caches();
+
+    bench B = {.kv = kv,
+               .pool = pool,
+               .batch = batch,
+               .steps = steps,
+               .pos_next = ctx,
+               .cs = cs,
+               .k = k,
+               .v = v,
+               .q = q,
+               .out = out};
+    for (int gi = 0; gi < n_gaps; gi++) {
+        for (int i = 0; i < batch; i++)
+            if (gaps[gi] >= 0) kv[i]->read_gap = gaps[gi];
+        step_result r;
+        if (measure(&B, &r)) return 1;
+        tr_kv_stats fin;
+        tr_kv_get_stats(kv[0], &fin);
+        printf("{\"policy\": \"%s\", \"ctx\": %d, \"batch\": %d, \"alpha\": %.3g, \"bits\": %d, "
+               "\"hot_bytes\": %llu, \"dram_bytes\": %llu, \"cold_bytes\": %llu, \"direct\": %s, "
+               "\"fill_s\": %.1f, \"caches_dropped\": %s, \"steps\": %d, \"step_ms\": %.1f, "
+               "\"step_ms_min\": %.1f, \"bytes_read\": %.0f, \"dev_read\": %.0f, "
+               "\"read_ops\": %.0f, \"selected\": %.0f, \"score_ms\": %.1f, \"attn_ms\": %.1f, "
+               "\"io_wait_ms\": %.1f, \"hot_used\": %llu, \"cold_used\": %llu, \"read_gap\": %d, "
+               "\"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
+               "\"rho\": %.3f, \"runs_per_token\": %.3f}\n",
+               policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
+               (unsigned long long)dram, (unsigned long long)cold_need,
+               kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
+               r.mean_ms, r.min_ms, r.bytes_read, r.dev_read, r.read_ops, r.selected, r.score_ms,
+               r.attn_ms, r.io_ms, (unsigned long long)fin.hot_bytes * batch,
+               (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap,
+               p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
+               (double)g_smooth, (double)g_rho,
+               r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0);
+        fflush(stdout);
+    }
+    for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);
+    free(kv);
+    tr_pool_free(pool);
+    free(cs);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(g_sig);
+    free(g_mu);
+    free(g_dir);
+    free(g_noise);
+    free(g_lat);
+    return 0;
+}

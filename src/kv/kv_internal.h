@@ -1,0 +1,218 @@
+/*
+ * Inside the tiered KV cache: the instance, per-layer state, and the functions the subsystems
+ * (pools and segment files, scoring and selection, attention, save/restore) share. Tests include
+ * this header to measure selection and scoring directly and to inject faults.
+ *
+ * Memory: everything below is allocated once in tr_kv_create from a plan that the budget check
+ * computed first (kv_plan); nothing is allocated per token or per step.
+ */
+#ifndef TR_KV_KV_INTERNAL_H
+#define TR_KV_KV_INTERNAL_H
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "core/pool.h"
+#include "experts/io.h"
+#include "kv/kv.h"
+#include "tensor/kernels.h"
+
+/* default I/O workers: the random reads of a selection need many in flight (on the virtio SSD
+ * here 16 -> 64 workers took a 4K-token tiered step from 656 to 515 ms) */
+#define TR_KV_IO_THREADS 64
+
+/* rows whose online-softmax state one attend pass keeps (bigger calls go in blocks) */
+#define TR_KV_ROW_BLOCK 512
+
+/* where a token's K/V live */
+enum { TR_KV_TOK_NONE = 0, TR_KV_TOK_HOT, TR_KV_TOK_COLD, TR_KV_TOK_EVICTED };
+
+/* Per (layer, position). `hits` counts how often a selective policy chose the token: the
+ * bidirectional pools (next issue) promote cold tokens with many hits and demote hot ones with
+ * few; `slot` and `where` already let a token live in any hot slot. */
+typedef struct tr_kv_tok {
+    uint32_t slot; /* hot slot when where == HOT */
+    uint16_t hits; /* times selected, saturating */
+    uint8_t where; /* TR_KV_TOK_* */
+    uint8_t pad;
+} tr_kv_tok;
+
+/* aggregation of per-head scores into one score per token (tiered, quest) */
+typedef enum { TR_KV_AGG_MAX = 0, TR_KV_AGG_SUM = 1 } tr_kv_agg;
+
+/* per-channel equalisation of keys before the low-precision copy (tiered) */
+typedef enum { TR_KV_EQ_NONE = 0, TR_KV_EQ_ABSMAX = 1, TR_KV_EQ_SQRT = 2 } tr_kv_eq;
+
+typedef struct tr_kv_layer {
+    int32_t len;           /* positions held */
+    int32_t pages_written; /* complete pages in the segment file (written through, in order) */
+    int32_t demote_next;   /* every non-sink position below it is not hot (demotion cursor) */
+    int32_t n_free;        /* free hot slots (stack below) */
+    int32_t n_evicted;     /* h2o */
+    uint32_t *free_slots;  /* [hot_slots] */
+    int32_t *slot_pos;     /* [hot_slots] position held by a slot, -1 free */
+    uint8_t *hot;          /* [hot_slots][rec] F16 K (n_kv x hdk) then F16 V (n_kv x hdv) */
+    tr_kv_tok *tok;        /* [n_ctx] */
+    uint64_t *hash;        /* [n_ctx] hash of each record written to the segment file */
+    uint8_t *qk;           /* tiered: [n_kv][n_ctx][qrow] low-precision key copy */
+    float *eq;             /* tiered: [n_kv][hdk_pad] per-channel scale the copy was divided by */
+    bool calibrated;       /* eq came from the first page (else all ones) */
+    uint16_t *pmin, *pmax; /* quest: [n_kv][n_pages][hdk] F16 per-channel key bounds per page */
+    float *mass;           /* h2o: [n_ctx] accumulated attention probability (sum over heads) */
+    int fd;                /* segment file, -1 without a cold pool */
+    uint64_t selected;     /* tokens attended at this layer's last attend call (all rows) */
+} tr_kv_layer;
+
+/* One gather: a batch of storage reads into the working set, completed by the I/O workers. */
+typedef struct tr_kv_gather {
+    struct tr_kv *kv;
+    tr_io_job *jobs;  /* [ws_cap] */
+    int32_t *job_pos; /* [ws_cap] first position of each job */
+    int32_t layer;
+    int32_t n_jobs;
+    pthread_mutex_t mu; /* guards pending, err_* */
+    pthread_cond_t cv;
+    int32_t pending;
+    bool failed;
+    char err_msg[4608];
+    uint64_t bytes;
+} tr_kv_gather;
+
+struct tr_kv {
+    tr_kv_shape shape;
+    tr_kv_params params; /* cold_dir points at cold_dir_copy */
+    char *cold_dir_copy;
+    const tr_kernels *kern;
+    int32_t group;     /* query heads per KV head */
+    size_t krec, rec;  /* bytes of one token's K (all KV heads) and K+V */
+    int32_t hot_slots; /* per layer */
+    bool cold;         /* a cold pool exists */
+    bool direct;       /* segment files opened with O_DIRECT */
+    int32_t n_pages;   /* per layer, ceil(n_ctx / PAGE) */
+    /* tiered */
+    tr_type qtype;   /* TR_TYPE_Q8_0 or TR_TYPE_Q4_0 */
+    int32_t hdk_pad; /* head_dim_k rounded up to 32 */
+    size_t qrow;     /* bytes of one key head's low-precision row */
+    size_t q8row;    /* bytes of one query head in Q8_0 */
+    tr_kv_agg agg;
+    tr_kv_eq eq_mode;
+    int32_t read_gap; /* selective policies: up to this many unselected cold tokens between two
+                         selected ones of a page are read too, joining two reads into one */
+    /* segment file geometry */
+    uint64_t data_off; /* first page */
+    size_t page_bytes, page_qoff, page_toff;
+    tr_kv_layer *layers;
+    /* working set: ws_cap record slots (F16 K then V, as in the pools) */
+    uint8_t *ws;
+    int32_t ws_cap;
+    tr_kv_gather gath[2];
+    tr_io_pool *io;
+    char *cold_path;  /* directory of the segment files */
+    uint8_t *pagebuf; /* one page, aligned */
+    uint8_t *rec_tmp; /* one record */
+    /* selection scratch, [n_ctx] each */
+    int32_t *sel;  /* selected positions, ascending */
+    int32_t *cand; /* candidate positions */
+    float *cscore; /* candidate scores */
+    uint8_t *mark;
+    int32_t *pg_order; /* quest: [n_pages] */
+    float *qf;         /* [n_head][hdk_pad] query times eq */
+    uint8_t *q8;       /* [n_head][q8row] */
+    /* attention scratch */
+    int32_t n_scratch;  /* threads with scratch */
+    float *th_s;        /* [n_scratch][ws_cap] scores */
+    uint16_t *th_p;     /* [n_scratch][ws_cap] probabilities as F16 */
+    uint16_t *th_q;     /* [n_scratch][hdk] query as F16 */
+    float *st_m;        /* [ROW_BLOCK][n_head] online softmax running max */
+    double *st_l;       /* [ROW_BLOCK][n_head] running sum */
+    float *hs;          /* h2o: [n_head][n_ctx] scaled scores of the current row */
+    int32_t *vlo, *vhi; /* [ROW_BLOCK] each row's visible range within the gathered list */
+    uint8_t *skip;      /* [n_ctx] entries of the gathered list read only to join reads */
+    /* stats */
+    uint64_t bytes_read, score_ns, attn_ns, io_ns, steps, read_ops;
+    uint64_t pool_reads; /* reads done by the I/O workers (fault injection counts them) */
+    /* test hooks: the n-th page write fails with fault_errno (0 = off) */
+    uint64_t fault_write_at, n_writes;
+    int fault_errno;
+};
+
+/* ---- kv_attn.c ---- */
+/* F16 bits -> f32, filled once (pthread_once) at the first create: converting V rows by table is
+ * ~5x faster than the bit-twiddling conversion in portable C */
+extern float tr_kv_f16[65536];
+void tr_kv_tables_init(void);
+/* run fn on the pool, or inline as thread 0 of 1 without one or when the work (multiply-adds) is
+ * too small to pay for waking the workers (a prefill calls this per row and layer) */
+void tr_kv_run(tr_pool *pool, tr_pool_fn fn, void *ctx, uint64_t work);
+
+/* ---- kv.c ---- */
+tr_status tr_kv_append_rec(tr_kv *kv, int32_t layer, const uint8_t *rec, tr_error *err);
+void tr_kv_drop_hot(tr_kv *kv, tr_kv_layer *L, int32_t pos);
+int32_t tr_kv_visible_lo(int32_t pos, int32_t swa);
+
+/* ---- kv_cold.c: segment files, page format, hashes, reads ---- */
+uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed);
+typedef struct tr_kv_hasher {
+    uint64_t v[4], total;
+    uint8_t buf[32];
+    uint32_t n;
+    uint64_t seed;
+} tr_kv_hasher;
+void tr_kv_hasher_init(tr_kv_hasher *h, uint64_t seed);
+void tr_kv_hasher_update(tr_kv_hasher *h, const void *data, size_t len);
+uint64_t tr_kv_hasher_digest(const tr_kv_hasher *h);
+
+tr_status tr_kv_cold_open(tr_kv *kv, tr_error *err);
+void tr_kv_cold_close(tr_kv *kv);
+tr_status tr_kv_cold_write_page(tr_kv *kv, int32_t layer, int32_t page, tr_error *err);
+/* read n consecutive records from the segment file, verified, into dst (one page at most) */
+tr_status tr_kv_cold_read_sync(tr_kv *kv, int32_t layer, int32_t pos, int32_t n, uint8_t *dst,
+                               tr_error *err);
+/* segment file of a layer (for messages and tests) */
+void tr_kv_seg_path(const tr_kv *kv, int32_t layer, char *buf, size_t cap);
+uint64_t tr_kv_page_offset(const tr_kv *kv, int32_t page);
+/* gather positions sel[0..n) of a layer into ws slots [slot0, slot0 + n): hot records are copied
+ * now, cold runs are queued on the I/O workers; tr_kv_gather_wait returns their status */
+void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
+                        int32_t slot0);
+tr_status tr_kv_gather_wait(tr_kv *kv, int which, tr_error *err);
+tr_status tr_kv_io_init(tr_kv *kv, tr_error *err);
+void tr_kv_io_free(tr_kv *kv);
+
+/* ---- kv_score.c: low-precision key copy, scoring, selection, quest bounds, h2o ---- */
+void tr_kv_quant_key(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec);
+void tr_kv_calibrate(tr_kv *kv, tr_kv_layer *L);
+void tr_kv_quest_update(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec);
+tr_status tr_kv_quest_rebuild_page(tr_kv *kv, int32_t layer, int32_t page, tr_error *err);
+/* Aggregated low-precision scores of positions cand[0..n) for the query row q ([n_head][hdk]);
+ * prepares the quantized query itself. */
+void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q,
+                        const int32_t *cand, int32_t n, tr_kv_agg agg, float *out);
+/* quest: upper bound of one head's q.k over one page (q as F16-rounded floats) */
+float tr_kv_quest_bound(const tr_kv *kv, int32_t layer, int32_t page, int32_t kvh,
+                        const float *q16);
+/* reorders idx[0..n) (indices into score) so that idx[0..k) hold the k largest scores, in no
+ * particular order (ties: any of them); expected O(n) */
+void tr_kv_topk(const float *score, int32_t *idx, int32_t n, int32_t k);
+/* the positions a selective policy attends for a query at pos: ascending, into kv->sel */
+tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos, const float *q,
+                           int32_t swa, int32_t *n_sel, tr_error *err);
+void tr_kv_h2o_evict(tr_kv *kv, int32_t layer, int32_t pos);
+
+/* ceil(alpha * n), where alpha is a float: 0.4f * 25 is 10.0000001, which must be 10 */
+static inline int32_t tr_kv_count(float alpha, int32_t n) {
+    return (int32_t)ceil((double)alpha * n - 1e-6 * n);
+}
+
+/* ---- test hooks ---- */
+static inline void tr_kv_set_agg(tr_kv *kv, tr_kv_agg a) { kv->agg = a; }
+static inline void tr_kv_set_eq(tr_kv *kv, tr_kv_eq e) { kv->eq_mode = e; }
+static inline void tr_kv_set_write_fault(tr_kv *kv, uint64_t at, int e) {
+    kv->fault_write_at = at;
+    kv->n_writes = 0;
+    kv->fault_errno = e;
+}
+
+#endif

@@ -1,0 +1,378 @@
+/*
+ * Which keys a query attends: the low-precision key copy and its scoring (tiered), page bounds
+ * (quest), accumulated attention mass and eviction (h2o), and the per-row selection.
+ *
+ * Tiered key copy: each key head is divided channel-wise by a per-(layer, KV head) scale and
+ * stored in Q8_0 or Q4_0 blocks of 32 channels (one F16 scale per block and token). The per-
+ * channel scale equalises the few large channels real keys have (they would otherwise set the
+ * block scale and flatten the others); the query is multiplied by the same scale, so
+ * q.k = (q*s).(k/s) and the scoring is one kernel-table dot product per token and head
+ * (Q8_0 query x Q8_0/Q4_0 key, SIMD). The scales come from the first page of each layer (absmax
+ * per channel, floored at 1% of the largest so dead channels are not blown up); before it is
+ * complete the copy uses scale 1, and at completion the page is quantized again.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kv/kv_internal.h"
+#include "tensor/blocks.h"
+#include "tensor/fp16.h"
+#include "tensor/types.h"
+
+/* ggml's reference Q4_0 quantizer (round half away from zero after the 8.5 offset) */
+static void quant_q4_0(const float *x, void *vy, int64_t n) {
+    tr_blk_q4_0 *y = vy;
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = tr_f32_to_f16(d);
+        for (int j = 0; j < 16; j++) {
+            const int8_t a = (int8_t)(x[j] * id + 8.5f), c = (int8_t)(x[16 + j] * id + 8.5f);
+            const uint8_t xa = (uint8_t)(a < 15 ? a : 15), xc = (uint8_t)(c < 15 ? c : 15);
+            y[b].qs[j] = (uint8_t)(xa | (xc << 4));
+        }
+    }
+}
+
+static uint8_t *qk_row(const tr_kv *kv, const tr_kv_layer *L, size_t g, int32_t pos) {
+    return L->qk + (g * (size_t)kv->shape.n_ctx + (size_t)pos) * kv->qrow;
+}
+
+void tr_kv_quant_key(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec) {
+    const int32_t hdk = kv->shape.head_dim_k, pad = kv->hdk_pad;
+    const uint16_t *K = (const uint16_t *)rec;
+    float *tmp = kv->qf; /* free outside scoring; append and scoring never overlap */
+    for (int32_t g = 0; g < kv->shape.n_head_kv; g++) {
+        const float *eq = L->eq + (size_t)g * pad;
+        for (int32_t c = 0; c < hdk; c++) tmp[c] = tr_kv_f16[K[(size_t)g * hdk + c]] / eq[c];
+        for (int32_t c = hdk; c < pad; c++) tmp[c] = 0.0f;
+        uint8_t *dst = qk_row(kv, L, (size_t)g, pos);
+        if (kv->qtype == TR_TYPE_Q4_0)
+            quant_q4_0(tmp, dst, pad);
+        else
+            kv->kern->from_float[TR_TYPE_Q8_0](tmp, dst, pad);
+    }
+}
+
+void tr_kv_calibrate(tr_kv *kv, tr_kv_layer *L) {
+    const int32_t hdk = kv->shape.head_dim_k, pad = kv->hdk_pad, n = TR_KV_PAGE;
+    for (int32_t g = 0; g < kv->shape.n_head_kv; g++) {
+        float *eq = L->eq + (size_t)g * pad;
+        float top = 0.0f;
+        for (int32_t c = 0; c < hdk; c++) {
+            float a = 0.0f;
+            for (int32_t p = 0; p < n; p++) {
+                const uint16_t *K = (const uint16_t *)(L->hot + (size_t)L->tok[p].slot * kv->rec);
+                a = fmaxf(a, fabsf(tr_kv_f16[K[(size_t)g * hdk + c]]));
+            }
+            eq[c] = a;
+            top = fmaxf(top, a);
+        }
+        for (int32_t c = 0; c < hdk; c++) {
+            float s = fmaxf(eq[c], 0.01f * top);
+            if (!(s > 0.0f)) s = 1.0f;
+            if (kv->eq_mode == TR_KV_EQ_NONE) s = 1.0f;
+            if (kv->eq_mode == TR_KV_EQ_SQRT) s = sqrtf(s);
+            eq[c] = s;
+        }
+    }
+    L->calibrated = true;
+    for (int32_t p = 0; p < n; p++)
+        tr_kv_quant_key(kv, L, p, L->hot + (size_t)L->tok[p].slot * kv->rec);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* quest page bounds                                                                              */
+
+static void quest_apply(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec, bool first) {
+    const int32_t hdk = kv->shape.head_dim_k, page = pos / TR_KV_PAGE;
+    const uint16_t *K = (const uint16_t *)rec;
+    for (int32_t g = 0; g < kv->shape.n_head_kv; g++) {
+        const size_t off = ((size_t)g * (size_t)kv->n_pages + (size_t)page) * (size_t)hdk;
+        uint16_t *mn = L->pmin + off, *mx = L->pmax + off;
+        const uint16_t *k = K + (size_t)g * hdk;
+        if (first) {
+            memcpy(mn, k, (size_t)hdk * 2);
+            memcpy(mx, k, (size_t)hdk * 2);
+            continue;
+        }
+        for (int32_t c = 0; c < hdk; c++) {
+            const float v = tr_kv_f16[k[c]];
+            if (v < tr_kv_f16[mn[c]]) mn[c] = k[c];
+            if (v > tr_kv_f16[mx[c]]) mx[c] = k[c];
+        }
+    }
+}
+
+void tr_kv_quest_update(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec) {
+    quest_apply(kv, L, pos, rec, pos % TR_KV_PAGE == 0);
+}
+
+tr_status tr_kv_quest_rebuild_page(tr_kv *kv, int32_t layer, int32_t page, tr_error *err) {
+    tr_kv_layer *L = &kv->layers[layer];
+    for (int32_t p = page * TR_KV_PAGE; p < L->len; p++) {
+        const tr_kv_tok *t = &L->tok[p];
+        const uint8_t *rec = kv->rec_tmp;
+        if (t->where == TR_KV_TOK_HOT) {
+            rec = L->hot + (size_t)t->slot * kv->rec;
+        } else {
+            tr_status st = tr_kv_cold_read_sync(kv, layer, p, 1, kv->rec_tmp, err);
+            if (st) return st;
+        }
+        quest_apply(kv, L, p, rec, p == page * TR_KV_PAGE);
+    }
+    return TR_OK;
+}
+
+float tr_kv_quest_bound(const tr_kv *kv, int32_t layer, int32_t page, int32_t kvh,
+                        const float *q16) {
+    const tr_kv_layer *L = &kv->layers[layer];
+    const int32_t hdk = kv->shape.head_dim_k;
+    const size_t off = ((size_t)kvh * (size_t)kv->n_pages + (size_t)page) * (size_t)hdk;
+    const uint16_t *mn = L->pmin + off, *mx = L->pmax + off;
+    float s = 0.0f;
+    for (int32_t c = 0; c < hdk; c++) s += q16[c] * tr_kv_f16[q16[c] >= 0.0f ? mx[c] : mn[c]];
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* scoring                                                                                        */
+
+typedef struct score_job {
+    tr_kv *kv;
+    const tr_kv_layer *L;
+    const int32_t *cand;
+    int32_t n;
+    tr_kv_agg agg;
+    float *out;
+    atomic_int_fast64_t next;
+} score_job;
+
+static void score_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    score_job *j = ctx;
+    const tr_kv *kv = j->kv;
+    const tr_vec_dot_fn dot = kv->kern->vec_dot[kv->qtype];
+    const int32_t nkv = kv->shape.n_head_kv, G = kv->group, pad = kv->hdk_pad;
+    const bool mx = j->agg == TR_KV_AGG_MAX;
+    int64_t b, e;
+    /* per chunk of tokens, one KV head at a time: each head's copy is read as one stream */
+    while (tr_claim(&j->next, j->n, 256, &b, &e)) {
+        for (int64_t i = b; i < e; i++) j->out[i] = mx ? -INFINITY : 0.0f;
+        for (int32_t g = 0; g < nkv; g++)
+            for (int32_t h = g * G; h < (g + 1) * G; h++) {
+                const uint8_t *q8 = kv->q8 + (size_t)h * kv->q8row;
+                for (int64_t i = b; i < e; i++) {
+                    float v;
+                    dot(pad, &v, qk_row(kv, j->L, (size_t)g, j->cand[i]), q8);
+                    j->out[i] = mx ? fmaxf(j->out[i], v) : j->out[i] + v;
+                }
+            }
+    }
+}
+
+void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q,
+                        const int32_t *cand, int32_t n, tr_kv_agg agg, float *out) {
+    const tr_kv_layer *L = &kv->layers[layer];
+    const int32_t hdk = kv->shape.head_dim_k, pad = kv->hdk_pad;
+    for (int32_t h = 0; h < kv->shape.n_head; h++) {
+        const float *eq = L->eq + (size_t)(h / kv->group) * pad;
+        float *qf = kv->qf + (size_t)h * pad;
+        for (int32_t c = 0; c < hdk; c++) qf[c] = q[(size_t)h * hdk + c] * eq[c];
+        for (int32_t c = hdk; c < pad; c++) qf[c] = 0.0f;
+        kv->kern->from_float[TR_TYPE_Q8_0](qf, kv->q8 + (size_t)h * kv->q8row, pad);
+    }
+    score_job j = {.kv = kv, .L = L, .cand = cand, .n = n, .agg = agg, .out = out};
+    atomic_init(&j.next, 0);
+    tr_kv_run(pool, score_task, &j,
+              (uint64_t)n * (uint64_t)kv->shape.n_head * (uint64_t)kv->hdk_pad);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* top-k (quickselect, median of three)                                                           */
+
+void tr_kv_topk(const float *s, int32_t *idx, int32_t n, int32_t k) {
+    if (k <= 0 || k >= n) return;
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        /* median of three as pivot, moved to hi */
+        int32_t a = idx[lo], b = idx[mid], c = idx[hi];
+        int32_t m;
+        if ((s[a] >= s[b]) == (s[b] >= s[c]))
+            m = mid;
+        else if ((s[b] >= s[a]) == (s[a] >= s[c]))
+            m = lo;
+        else
+            m = hi;
+        int32_t t = idx[m];
+        idx[m] = idx[hi];
+        idx[hi] = t;
+        const float pv = s[idx[hi]];
+        int32_t st = lo;
+        for (int32_t i = lo; i < hi; i++)
+            if (s[idx[i]] > pv) { /* descending: larger first */
+                t = idx[i];
+                idx[i] = idx[st];
+                idx[st] = t;
+                st++;
+            }
+        t = idx[st];
+        idx[st] = idx[hi];
+        idx[hi] = t;
+        /* idx[lo..st) > pivot, idx[st] = pivot, idx(st..hi] <= pivot */
+        if (st == k || st == k - 1) return;
+        if (st > k)
+            hi = st - 1;
+        else
+            lo = st + 1;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* selection                                                                                      */
+
+typedef struct quest_job {
+    tr_kv *kv;
+    int32_t layer;
+    const int32_t *pages;
+    int32_t n;
+    tr_kv_agg agg;
+    float *out;
+    atomic_int_fast64_t next;
+} quest_job;
+
+static void quest_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    quest_job *j = ctx;
+    const tr_kv *kv = j->kv;
+    int64_t b, e;
+    while (tr_claim(&j->next, j->n, 16, &b, &e))
+        for (int64_t i = b; i < e; i++) {
+            float acc = j->agg == TR_KV_AGG_MAX ? -INFINITY : 0.0f;
+            for (int32_t h = 0; h < kv->shape.n_head; h++) {
+                const float v = tr_kv_quest_bound(kv, j->layer, j->pages[i], h / kv->group,
+                                                  kv->qf + (size_t)h * kv->hdk_pad);
+                acc = j->agg == TR_KV_AGG_MAX ? fmaxf(acc, v) : acc + v;
+            }
+            j->out[i] = acc;
+        }
+}
+
+static int cmp_desc(const void *a, const void *b, void *ctx) {
+    const float *s = ctx;
+    const float x = s[*(const int32_t *)a], y = s[*(const int32_t *)b];
+    return x > y ? -1 : x < y ? 1 : (*(const int32_t *)a - *(const int32_t *)b);
+}
+
+tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos, const float *q,
+                           int32_t swa, int32_t *n_sel, tr_error *err) {
+    tr_kv_layer *L = &kv->layers[layer];
+    const tr_kv_params *p = &kv->params;
+    const int32_t lo = tr_kv_visible_lo(pos, swa), n_vis = pos - lo + 1;
+    const int32_t sink_hi = p->n_sink < pos + 1 ? p->n_sink : pos + 1;
+    const int32_t win_lo = pos - p->n_window + 1 > lo ? pos - p->n_window + 1 : lo;
+    const int32_t c_lo = sink_hi > lo ? sink_hi : lo;
+    const int32_t k = tr_kv_count(p->alpha, n_vis);
+    int32_t *sel = kv->sel, *cand = kv->cand;
+    uint8_t *mark = kv->mark;
+    int32_t n_cand = 0;
+    for (int32_t t = c_lo; t < win_lo; t++)
+        if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_cand++] = t;
+
+    bool all = p->policy == TR_KV_H2O || k >= n_cand;
+    if (!all && p->policy == TR_KV_TIERED) {
+        tr_kv_score_tokens(kv, pool, layer, q, cand, n_cand, kv->agg, kv->cscore);
+        for (int32_t i = 0; i < n_cand; i++) sel[i] = i;
+        tr_kv_topk(kv->cscore, sel, n_cand, k);
+        for (int32_t i = 0; i < k; i++) mark[cand[sel[i]]] = 1;
+    } else if (!all && p->policy == TR_KV_QUEST) {
+        /* query heads rounded to F16, as the attention sees them */
+        const int32_t hdk = kv->shape.head_dim_k;
+        for (int32_t h = 0; h < kv->shape.n_head; h++)
+            for (int32_t c = 0; c < hdk; c++)
+                kv->qf[(size_t)h * kv->hdk_pad + c] =
+                    tr_kv_f16[tr_f32_to_f16(q[(size_t)h * hdk + c])];
+        /* pages with candidates, how many each holds */
+        int32_t n_pg = 0;
+        for (int32_t i = 0; i < n_cand; i++)
+            if (!n_pg || cand[i] / TR_KV_PAGE != sel[n_pg - 1]) sel[n_pg++] = cand[i] / TR_KV_PAGE;
+        quest_job j = {
+            .kv = kv, .layer = layer, .pages = sel, .n = n_pg, .agg = kv->agg, .out = kv->cscore};
+        atomic_init(&j.next, 0);
+        tr_kv_run(pool, quest_task, &j,
+                  (uint64_t)n_pg * (uint64_t)kv->shape.n_head * (uint64_t)kv->shape.head_dim_k);
+        /* rank pages by bound; take them until they hold k candidates */
+        int32_t *order = kv->pg_order;
+        for (int32_t i = 0; i < n_pg; i++) order[i] = i;
+        qsort_r(order, (size_t)n_pg, sizeof *order, cmp_desc, kv->cscore);
+        int32_t got = 0;
+        for (int32_t r = 0; r < n_pg && got < k; r++) {
+            const int32_t pg = sel[order[r]];
+            const int32_t a = pg * TR_KV_PAGE > c_lo ? pg * TR_KV_PAGE : c_lo;
+            const int32_t b = (pg + 1) * TR_KV_PAGE < win_lo ? (pg + 1) * TR_KV_PAGE : win_lo;
+            for (int32_t t = a; t < b; t++)
+                if (L->tok[t].where != TR_KV_TOK_EVICTED) {
+                    mark[t] = 1;
+                    got++;
+                }
+        }
+    } else if (!all) {
+        return tr_fail(err, TR_E_INTERNAL, "KV policy %s does not select",
+                       tr_kv_policy_name(p->policy));
+    }
+    int32_t n = 0;
+    for (int32_t t = lo; t <= pos; t++) {
+        const bool forced = t < sink_hi || t >= win_lo;
+        if (L->tok[t].where == TR_KV_TOK_EVICTED) continue;
+        if (all || forced || mark[t]) {
+            sel[n++] = t;
+            mark[t] = 0;
+            if (L->tok[t].hits < UINT16_MAX) L->tok[t].hits++;
+        }
+    }
+    *n_sel = n;
+    return TR_OK;
+}
+
+void tr_kv_h2o_evict(tr_kv *kv, int32_t layer, int32_t pos) {
+    tr_kv_layer *L = &kv->layers[layer];
+    const tr_kv_params *p = &kv->params;
+    const int32_t n = pos + 1;
+    const int32_t sink_hi = p->n_sink < n ? p->n_sink : n;
+    const int32_t win_lo = pos - p->n_window + 1 > sink_hi ? pos - p->n_window + 1 : sink_hi;
+    const int32_t forced = sink_hi + (pos - win_lo + 1);
+    int32_t budget = tr_kv_count(p->alpha, n);
+    if (budget < forced) budget = forced;
+    const int32_t kept = n - L->n_evicted;
+    if (kept <= budget) return;
+    /* the (kept - budget) lowest masses among the evictable tokens: usually one per step, many
+     * after a cache was filled without attention (restore, a benchmark's direct fill) */
+    int32_t *cand = kv->cand, nc = 0;
+    float *neg = kv->cscore;
+    for (int32_t t = sink_hi; t < win_lo; t++)
+        if (L->tok[t].where != TR_KV_TOK_EVICTED) {
+            neg[nc] = -L->mass[t];
+            cand[nc++] = t;
+        }
+    int32_t excess = kept - budget < nc ? kept - budget : nc;
+    int32_t *idx = kv->sel;
+    for (int32_t i = 0; i < nc; i++) idx[i] = i;
+    tr_kv_topk(neg, idx, nc, excess);
+    for (int32_t i = 0; i < excess; i++) {
+        const int32_t pos_e = cand[idx[i]];
+        tr_kv_tok *t = &L->tok[pos_e];
+        if (t->where == TR_KV_TOK_HOT) tr_kv_drop_hot(kv, L, pos_e);
+        t->where = TR_KV_TOK_EVICTED;
+        L->n_evicted++;
+    }
+}

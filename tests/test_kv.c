@@ -1,0 +1,1235 @@
+/*
+ * The tiered KV cache (src/kv): every policy at alpha = 1 against a straightforward reference
+ * attention (MHA, GQA, MQA; hot only and with most tokens cold; sinks, SWA, multi-row calls; the
+ * working set big enough and forced into chunks); selection against a brute-force top-k; recall of
+ * INT8 and INT4 scoring against the exact per-head top-k, with the max-vs-sum aggregation and the
+ * channel equalisation measured (printed); h2o eviction; quest bounds; truncate; save/restore;
+ * faults (cold directory not writable, disk full, corrupted page, failing reads and writes) and
+ * budgets that cannot fit.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/pool.h"
+#include "kv/kv_internal.h"
+#include "tensor/fp16.h"
+#include "testutil.h"
+
+static tr_pool *g_pool;
+static char g_tmp[256];
+
+typedef struct shp {
+    const char *name;
+    int32_t nl, nctx, nh, nkv, hdk, hdv;
+} shp;
+
+static tr_kv_shape to_shape(const shp *s) {
+    return (tr_kv_shape){s->nl, s->nctx, s->nh, s->nkv, s->hdk, s->hdv};
+}
+
+static float r16(float x) { return tr_f16_to_f32(tr_f32_to_f16(x)); }
+
+/* ---- data: keys with the structure of real ones, values, queries -------------------------- */
+
+typedef struct data {
+    int32_t n, nkv, hdk, hdv;
+    float *k, *v; /* [layer][n][nkv][hd] */
+} data;
+
+/* Keys like a real model's after RoPE: per-channel scales drawn log-normal with a few outlier
+ * channels 8x larger, per-channel means, a rotation by position per channel pair, and a few
+ * "anchor" tokens carrying a shared direction that queries also carry (heavy hitters). With
+ * iid = true: plain noise. */
+static void rope(float *x, int32_t hd, int32_t pos) {
+    for (int32_t c = 0; c < hd / 2; c++) {
+        const double th = pos * pow(10000.0, -2.0 * c / hd);
+        const double a = x[c], b = x[c + hd / 2];
+        x[c] = (float)(a * cos(th) - b * sin(th));
+        x[c + hd / 2] = (float)(a * sin(th) + b * cos(th));
+    }
+}
+
+typedef struct keystat {
+    float *sig, *mu, *dir; /* [nkv][hdk] */
+} keystat;
+
+static void keystat_make(keystat *ks, int32_t nkv, int32_t hdk, uint64_t seed) {
+    tu_rng r = {seed};
+    ks->sig = malloc(sizeof(float) * (size_t)(nkv * hdk));
+    ks->mu = malloc(sizeof(float) * (size_t)(nkv * hdk));
+    ks->dir = malloc(sizeof(float) * (size_t)(nkv * hdk));
+    /* the shared direction and the outlier channels sit in the slowly rotating (low-frequency)
+     * channel pairs, where RoPE keeps them aligned across positions, as in real keys */
+    for (int32_t i = 0; i < nkv * hdk; i++) {
+        const int32_t c = i % hdk, pair = c % (hdk / 2);
+        ks->sig[i] = expf(0.5f * tu_normal(&r));
+        ks->mu[i] = 0.3f * tu_normal(&r);
+        ks->dir[i] = pair >= hdk / 4 ? 1.4f * tu_normal(&r) : 0.0f;
+    }
+    for (int32_t g = 0; g < nkv; g++)
+        for (int o = 0; o < 3; o++) {
+            const int32_t c = hdk / 4 + (int32_t)(tu_next(&r) % (uint64_t)(hdk / 4));
+            ks->sig[g * hdk + c] *= 8.0f;
+        }
+}
+
+static void keystat_free(keystat *ks) {
+    free(ks->sig);
+    free(ks->mu);
+    free(ks->dir);
+}
+
+static void data_make(data *d, int32_t nl, int32_t n, int32_t nkv, int32_t hdk, int32_t hdv,
+                      uint64_t seed, bool iid) {
+    d->n = n;
+    d->nkv = nkv;
+    d->hdk = hdk;
+    d->hdv = hdv;
+    d->k = malloc(sizeof(float) * (size_t)nl * n * nkv * hdk);
+    d->v = malloc(sizeof(float) * (size_t)nl * n * nkv * hdv);
+    tu_rng r = {seed};
+    keystat ks;
+    keystat_make(&ks, nkv, hdk, seed * 7 + 1);
+    for (int32_t l = 0; l < nl; l++)
+        for (int32_t t = 0; t < n; t++) {
+            const bool anchor = t < 2 || tu_next(&r) % 50 == 0;
+            for (int32_t g = 0; g < nkv; g++) {
+                float *k = d->k + (((size_t)l * n + t) * nkv + g) * hdk;
+                for (int32_t c = 0; c < hdk; c++) {
+                    const int32_t i = g * hdk + c;
+                    k[c] = iid ? tu_normal(&r)
+                               : ks.mu[i] + ks.sig[i] * 0.5f * tu_normal(&r) +
+                                     (anchor ? 0.8f * ks.dir[i] : 0.0f);
+                }
+                if (!iid) rope(k, hdk, t);
+                float *v = d->v + (((size_t)l * n + t) * nkv + g) * hdv;
+                for (int32_t c = 0; c < hdv; c++) v[c] = tu_normal(&r);
+            }
+        }
+    keystat_free(&ks);
+}
+
+static void data_free(data *d) {
+    free(d->k);
+    free(d->v);
+}
+
+static const float *dk(const data *d, int32_t l, int32_t t) {
+    return d->k + ((size_t)l * d->n + t) * d->nkv * d->hdk;
+}
+static const float *dv(const data *d, int32_t l, int32_t t) {
+    return d->v + ((size_t)l * d->n + t) * d->nkv * d->hdv;
+}
+
+/* queries for n_head heads at position pos, sharing the anchor direction of their KV head; scaled
+ * so that the logits (times 1/sqrt(d)) spread by ~2.5, which makes attention as peaked as in real
+ * models (the top fifth of the keys holds most of the mass) */
+static void query_make(float *q, const shp *s, int32_t pos, uint64_t seed, bool iid) {
+    tu_rng r = {seed};
+    keystat ks;
+    keystat_make(&ks, s->nkv, s->hdk, 12345); /* only dir is used */
+    const int32_t G = s->nh / s->nkv;
+    for (int32_t h = 0; h < s->nh; h++) {
+        float *qh = q + (size_t)h * s->hdk;
+        for (int32_t c = 0; c < s->hdk; c++)
+            qh[c] = iid ? 2.5f * tu_normal(&r)
+                        : 3.0f * (0.7f * tu_normal(&r) + 0.4f * ks.dir[(h / G) * s->hdk + c]);
+        if (!iid) rope(qh, s->hdk, pos);
+    }
+    keystat_free(&ks);
+}
+
+/* ---- kv construction ---------------------------------------------------------------------- */
+
+static tr_kv_params params(tr_kv_policy pol, float alpha) {
+    tr_kv_params p = tr_kv_default_params();
+    p.policy = pol;
+    p.alpha = alpha;
+    p.n_sink = 2;
+    p.n_window = 8;
+    p.io_threads = 4;
+    return p;
+}
+
+/* hot budget that holds the minimum: the sinks and one page per layer (everything else cold) */
+static uint64_t hot_min(const shp *s, const tr_kv_params *p) {
+    const uint64_t rec = (uint64_t)s->nkv * (uint64_t)(s->hdk + s->hdv) * 2;
+    return (uint64_t)s->nl * (uint64_t)(p->n_sink + TR_KV_PAGE) * rec;
+}
+
+static tr_kv *mk(const shp *s, const tr_kv_params *p) {
+    tr_kv *kv = NULL;
+    tr_error err = {0};
+    const tr_kv_shape sh = to_shape(s);
+    tr_status st = tr_kv_create(&sh, p, &kv, &err);
+    TU_CHECK(st == TR_OK, "%s %s: create: %s", s->name, tr_kv_policy_name(p->policy), err.msg);
+    return kv;
+}
+
+static bool fill(tr_kv *kv, const data *d, int32_t from, int32_t to) {
+    tr_error err = {0};
+    for (int32_t t = from; t < to; t++)
+        for (int32_t l = 0; l < kv->shape.n_layer; l++)
+            if (tr_kv_append(kv, l, t, dk(d, l, t), dv(d, l, t), &err)) {
+                TU_CHECK(0, "append layer %d pos %d: %s", l, t, err.msg);
+                return false;
+            }
+    return true;
+}
+
+/* ---- reference attention --------------------------------------------------------------------
+ * In double, over the F16-rounded keys, values and query; allow[t] chooses the keys (NULL: all);
+ * no F16 rounding of the probabilities. The cache rounds them to F16 (as llama.cpp does): each
+ * probability moves by at most 2^-11 of itself, so the output moves by at most 2^-11 * max|v| =
+ * 4.9e-4 * max|v| (max|v| < 5 here), plus float accumulation (~1e-6). TOL = 2.5e-3 covers that;
+ * one dropped token of a few hundred moves the output by ~p*|v| >> TOL (checked below). */
+#define TOL 2.5e-3f
+
+static void ref_attend(const data *d, int32_t l, const shp *s, int32_t pos, const float *q,
+                       float scale, const float *sinks, int32_t swa, const uint8_t *allow,
+                       float *out) {
+    const int32_t G = s->nh / s->nkv;
+    double *sc = malloc(sizeof(double) * (size_t)(pos + 1));
+    const int32_t lo = tr_kv_visible_lo(pos, swa);
+    for (int32_t h = 0; h < s->nh; h++) {
+        const int32_t g = h / G;
+        double mx = -INFINITY;
+        for (int32_t t = lo; t <= pos; t++) {
+            if (allow && !allow[t]) continue;
+            const float *k = dk(d, l, t) + (size_t)g * s->hdk;
+            double a = 0;
+            for (int32_t c = 0; c < s->hdk; c++)
+                a += (double)r16(q[(size_t)h * s->hdk + c]) * (double)r16(k[c]);
+            sc[t] = a * scale;
+            if (sc[t] > mx) mx = sc[t];
+        }
+        if (sinks && sinks[h] > mx) mx = sinks[h];
+        double sum = sinks ? exp(sinks[h] - mx) : 0.0;
+        for (int32_t t = lo; t <= pos; t++)
+            if (!allow || allow[t]) sum += exp(sc[t] - mx);
+        for (int32_t c = 0; c < s->hdv; c++) {
+            double o = 0;
+            for (int32_t t = lo; t <= pos; t++)
+                if (!allow || allow[t])
+                    o += exp(sc[t] - mx) / sum * (double)r16(dv(d, l, t)[(size_t)g * s->hdv + c]);
+            out[(size_t)h * s->hdv + c] = (float)o;
+        }
+    }
+    free(sc);
+}
+
+static float maxdiff(const float *a, const float *b, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float e = fabsf(a[i] - b[i]);
+        if (!(e <= m)) m = e; /* NaN propagates */
+    }
+    return m;
+}
+
+/* ---- 1. every policy at alpha = 1 equals the reference -------------------------------------- */
+
+static const shp SHAPES[] = {
+    {"MHA", 2, 200, 4, 4, 32, 32},
+    {"GQA", 2, 200, 8, 2, 64, 64},
+    {"MQA", 2, 200, 4, 1, 80, 64}, /* head dim not a multiple of 32, K and V dims differ */
+};
+
+static float g_alpha1_worst;
+
+static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, bool small_ws,
+                                const data *d) {
+    tr_kv_params p = params(pol, 1.0f);
+    if (cold) {
+        p.hot_bytes = hot_min(s, &p);
+        p.cold_dir = g_tmp;
+    }
+    if (small_ws) p.ws_bytes = 40ull * (uint64_t)s->nkv * (uint64_t)(s->hdk + s->hdv) * 2;
+    tr_kv *kv = mk(s, &p);
+    if (!kv) return;
+    if (!fill(kv, d, 0, s->nctx)) {
+        tr_kv_free(kv);
+        return;
+    }
+    if (cold) {
+        tr_kv_stats stt;
+        tr_kv_get_stats(kv, &stt);
+        TU_CHECK(stt.cold_bytes > 0 && stt.hot_bytes <= p.hot_bytes,
+                 "%s %s: hot %llu (budget %llu), cold %llu", s->name, tr_kv_policy_name(pol),
+                 (unsigned long long)stt.hot_bytes, (unsigned long long)p.hot_bytes,
+                 (unsigned long long)stt.cold_bytes);
+    }
+    const size_t qn = (size_t)s->nh * s->hdk, on = (size_t)s->nh * s->hdv;
+    float *q = malloc(sizeof(float) * qn * 8), *o = malloc(sizeof(float) * on * 8),
+          *ro = malloc(sizeof(float) * on);
+    float *sinks = malloc(sizeof(float) * (size_t)s->nh);
+    for (int32_t h = 0; h < s->nh; h++) sinks[h] = 0.5f * (float)h - 1.0f;
+    const float scale = 1.0f / sqrtf((float)s->hdk);
+    tr_error err = {0};
+    float worst = 0;
+    /* single rows (decode) at a few positions, in both layers */
+    const int32_t at[] = {0, 17, 100, 199};
+    for (int32_t l = 0; l < s->nl; l++)
+        for (int i = 0; i < 4; i++) {
+            query_make(q, s, at[i], 100 + (uint64_t)at[i], false);
+            tr_status st =
+                tr_kv_attend_rows(kv, g_pool, l, 1, &at[i], q, qn, scale, NULL, 0, o, on, &err);
+            TU_CHECK(st == TR_OK, "%s %s attend: %s", s->name, tr_kv_policy_name(pol), err.msg);
+            ref_attend(d, l, s, at[i], q, scale, NULL, 0, NULL, ro);
+            const float e = maxdiff(o, ro, on);
+            if (e > worst) worst = e;
+        }
+    /* 8 rows at once (prefill), each with its own causal limit, softmax sinks and SWA of 24 */
+    int32_t pos[8];
+    for (int r = 0; r < 8; r++) {
+        pos[r] = 150 + r;
+        query_make(q + r * qn, s, pos[r], 300 + (uint64_t)r, false);
+    }
+    tr_status st = tr_kv_attend_rows(kv, g_pool, 1, 8, pos, q, qn, scale, sinks, 24, o, on, &err);
+    TU_CHECK(st == TR_OK, "%s %s attend rows: %s", s->name, tr_kv_policy_name(pol), err.msg);
+    for (int r = 0; r < 8; r++) {
+        ref_attend(d, 1, s, pos[r], q + r * qn, scale, sinks, 24, NULL, ro);
+        const float e = maxdiff(o + r * on, ro, on);
+        if (e > worst) worst = e;
+    }
+    TU_CHECK(worst <= TOL, "%s %s alpha=1 %s%s: max |diff| %.3g > %.3g", s->name,
+             tr_kv_policy_name(pol), cold ? "cold" : "hot", small_ws ? " chunked" : "", worst, TOL);
+    if (worst > g_alpha1_worst) g_alpha1_worst = worst;
+    tr_kv_stats stt;
+    tr_kv_get_stats(kv, &stt);
+    if (cold)
+        TU_CHECK(stt.bytes_read > 0, "%s %s cold: nothing read from storage", s->name,
+                 tr_kv_policy_name(pol));
+    else
+        TU_CHECK(stt.bytes_read == 0, "%s %s hot: %llu bytes read", s->name, tr_kv_policy_name(pol),
+                 (unsigned long long)stt.bytes_read);
+    free(q);
+    free(o);
+    free(ro);
+    free(sinks);
+    tr_kv_free(kv);
+}
+
+static void test_alpha1(void) {
+    for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) {
+        const shp *s = &SHAPES[i];
+        data d;
+        data_make(&d, s->nl, s->nctx, s->nkv, s->hdk, s->hdv, 11 + i, false);
+        for (int pol = TR_KV_FULL; pol <= TR_KV_TIERED; pol++)
+            for (int cold = 0; cold < 2; cold++)
+                for (int small = 0; small < 2; small++) {
+                    if (pol == TR_KV_FULL && cold) continue;
+                    check_policy_alpha1(s, (tr_kv_policy)pol, cold, small, &d);
+                }
+        data_free(&d);
+    }
+    printf("alpha=1, every policy vs reference (MHA/GQA/MQA, hot/cold, whole/chunked working "
+           "set, sinks, SWA, 8-row calls): max |diff| %.2e (tolerance %.1e)\n",
+           (double)g_alpha1_worst, (double)TOL);
+
+    /* the comparison can fail: dropping the single most attended key moves the output by more */
+    const shp *s = &SHAPES[0];
+    data d;
+    data_make(&d, s->nl, s->nctx, s->nkv, s->hdk, s->hdv, 11, false);
+    const size_t qn = (size_t)s->nh * s->hdk, on = (size_t)s->nh * s->hdv;
+    float *q = malloc(sizeof(float) * qn), *a = malloc(sizeof(float) * on),
+          *b = malloc(sizeof(float) * on);
+    uint8_t *allow = malloc(200);
+    memset(allow, 1, 200);
+    query_make(q, s, 199, 5, false);
+    ref_attend(&d, 0, s, 199, q, 0.2f, NULL, 0, NULL, a);
+    float best = 0;
+    for (int32_t t = 0; t < 200; t++) {
+        allow[t] = 0;
+        ref_attend(&d, 0, s, 199, q, 0.2f, NULL, 0, allow, b);
+        allow[t] = 1;
+        const float e = maxdiff(a, b, on);
+        if (e > best) best = e;
+    }
+    TU_CHECK(best > 4 * TOL, "dropping one key moves the output by only %.3g", best);
+    printf("  (dropping the most attended of 200 keys moves the output by %.3g)\n", best);
+    free(q);
+    free(a);
+    free(b);
+    free(allow);
+    data_free(&d);
+}
+
+/* ---- 2. selection against a brute-force top-k ------------------------------------------------ */
+
+static int cmp_f_desc(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x > y ? -1 : x < y;
+}
+
+static void test_topk(void) {
+    tu_rng r = {77};
+    float *s = malloc(sizeof(float) * 1000), *srt = malloc(sizeof(float) * 1000),
+          *got = malloc(sizeof(float) * 1000);
+    int32_t *idx = malloc(sizeof(int32_t) * 1000);
+    int bad = 0;
+    for (int it = 0; it < 300; it++) {
+        const int32_t n = 1 + (int32_t)(tu_next(&r) % 1000), k = (int32_t)(tu_next(&r) % (n + 1));
+        const bool ties = it % 3 == 0;
+        for (int32_t i = 0; i < n; i++) {
+            s[i] = ties ? (float)(tu_next(&r) % 7) : tu_uniform(&r);
+            srt[i] = s[i];
+            idx[i] = i;
+        }
+        tr_kv_topk(s, idx, n, k);
+        qsort(srt, (size_t)n, sizeof(float), cmp_f_desc);
+        for (int32_t i = 0; i < k; i++) got[i] = s[idx[i]];
+        qsort(got, (size_t)k, sizeof(float), cmp_f_desc);
+        /* the k values chosen are the k largest (as a multiset), and idx stays a permutation */
+        for (int32_t i = 0; i < k; i++)
+            if (got[i] != srt[i]) bad++;
+        int64_t sum = 0;
+        for (int32_t i = 0; i < n; i++) sum += idx[i];
+        if (sum != (int64_t)n * (n - 1) / 2) bad++;
+    }
+    TU_CHECK(bad == 0, "top-k differs from sorting in %d places", bad);
+    free(s);
+    free(srt);
+    free(got);
+    free(idx);
+}
+
+static void test_selection(void) {
+    const shp s = {"GQA", 2, 500, 8, 2, 64, 64};
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 21, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    float *q = malloc(sizeof(float) * qn), *o = malloc(sizeof(float) * on),
+          *ro = malloc(sizeof(float) * on), *sc = malloc(sizeof(float) * 500);
+    int32_t *cand = malloc(sizeof(int32_t) * 500), *sel = malloc(sizeof(int32_t) * 500);
+    uint8_t *want = malloc(500);
+    int checked = 0;
+    for (int cold = 0; cold < 2; cold++)
+        for (int ai = 0; ai < 2; ai++) {
+            tr_kv_params p = params(TR_KV_TIERED, ai ? 0.3f : 0.1f);
+            if (cold) {
+                p.hot_bytes = hot_min(&s, &p);
+                p.cold_dir = g_tmp;
+            }
+            tr_kv *kv = mk(&s, &p);
+            if (!kv || !fill(kv, &d, 0, s.nctx)) {
+                tr_kv_free(kv);
+                continue;
+            }
+            tr_error err = {0};
+            for (int32_t pos = 20; pos < 500; pos += 61) {
+                for (int32_t l = 0; l < s.nl; l++) {
+                    query_make(q, &s, pos, 900 + (uint64_t)pos, false);
+                    const int32_t swa = pos % 2 ? 100 : 0;
+                    /* brute force: forced keys plus the k best of the rest by the same scores */
+                    const int32_t lo = tr_kv_visible_lo(pos, swa), nvis = pos - lo + 1;
+                    const int32_t k = tr_kv_count(p.alpha, nvis);
+                    int32_t nc = 0;
+                    memset(want, 0, 500);
+                    for (int32_t t = lo; t <= pos; t++) {
+                        if (t < p.n_sink || t > pos - p.n_window)
+                            want[t] = 1;
+                        else
+                            cand[nc++] = t;
+                    }
+                    tr_kv_score_tokens(kv, NULL, l, q, cand, nc, kv->agg, sc);
+                    for (int32_t i = 0; i < nc && k < nc; i++) {
+                        int32_t above = 0; /* rank by counting: brute force */
+                        for (int32_t j = 0; j < nc; j++) above += sc[j] > sc[i];
+                        if (above < k) want[cand[i]] = 1;
+                    }
+                    if (k >= nc)
+                        for (int32_t i = 0; i < nc; i++) want[cand[i]] = 1;
+                    int32_t n = 0;
+                    tr_status st = tr_kv_select_row(kv, g_pool, l, pos, q, swa, &n, &err);
+                    TU_CHECK(st == TR_OK, "select: %s", err.msg);
+                    int32_t nwant = 0, miss = 0;
+                    for (int32_t t = 0; t < 500; t++) nwant += want[t];
+                    for (int32_t i = 0; i < n; i++) {
+                        miss += !want[kv->sel[i]];
+                        if (i) miss += kv->sel[i] <= kv->sel[i - 1];
+                    }
+                    TU_CHECK(n == nwant && miss == 0,
+                             "tiered selection at %d (alpha %.1f, swa %d): %d chosen, %d expected, "
+                             "%d wrong",
+                             pos, (double)p.alpha, swa, n, nwant, miss);
+                    /* and the attention over that selection (gathered from both pools) */
+                    memcpy(sel, kv->sel, sizeof(int32_t) * (size_t)n);
+                    st = tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, swa, o, on,
+                                           &err);
+                    TU_CHECK(st == TR_OK, "attend: %s", err.msg);
+                    TU_CHECK(kv->layers[l].selected == (uint64_t)n, "selected %llu vs %d",
+                             (unsigned long long)kv->layers[l].selected, n);
+                    memset(want, 0, 500);
+                    for (int32_t i = 0; i < n; i++) want[sel[i]] = 1;
+                    ref_attend(&d, l, &s, pos, q, 0.125f, NULL, swa, want, ro);
+                    const float e = maxdiff(o, ro, on);
+                    TU_CHECK(e <= TOL, "tiered alpha %.1f attention over its selection: %.3g",
+                             (double)p.alpha, e);
+                    checked++;
+                }
+            }
+            tr_kv_free(kv);
+        }
+    printf("selection: %d tiered selections equal the brute-force top-k plus sinks and window, "
+           "and their attention the reference over them\n",
+           checked);
+    free(q);
+    free(o);
+    free(ro);
+    free(sc);
+    free(cand);
+    free(sel);
+    free(want);
+    data_free(&d);
+}
+
+/* ---- 3. recall of low-precision scoring; max vs sum; channel equalisation -------------------- */
+
+typedef struct recall_acc {
+    double sum;
+    int n;
+} recall_acc;
+
+/* share of each head's softmax mass (scale 1/sqrt(d)) on the chosen tokens, averaged over heads */
+static double mass_of(const uint8_t *chosen, double *const *exact, int32_t nh, int32_t n,
+                      double scale) {
+    double r = 0;
+    for (int32_t h = 0; h < nh; h++) {
+        double mx = -INFINITY, all = 0, got = 0;
+        for (int32_t t = 0; t < n; t++) mx = fmax(mx, exact[h][t] * scale);
+        for (int32_t t = 0; t < n; t++) {
+            const double e = exp(exact[h][t] * scale - mx);
+            all += e;
+            if (chosen[t]) got += e;
+        }
+        r += got / all;
+    }
+    return r / nh;
+}
+
+/* recall of each head's exact top-k by one selection of k tokens, averaged over heads */
+static double recall_of(const uint8_t *chosen, double *const *exact, int32_t nh, int32_t n,
+                        int32_t k, float *tmp, int32_t *idx) {
+    /* k may be smaller than the selection: how many of each head's k best it holds */
+    double r = 0;
+    for (int32_t h = 0; h < nh; h++) {
+        for (int32_t t = 0; t < n; t++) {
+            tmp[t] = (float)exact[h][t];
+            idx[t] = t;
+        }
+        tr_kv_topk(tmp, idx, n, k);
+        int32_t hit = 0;
+        for (int32_t i = 0; i < k; i++) hit += chosen[idx[i]];
+        r += (double)hit / k;
+    }
+    return r / nh;
+}
+
+static void test_recall(void) {
+    enum { N = 2048, NQ = 12 };
+    const shp shapes[] = {{"MHA 8/8", 1, N, 8, 8, 128, 128},
+                          {"GQA 8/2", 1, N, 8, 2, 128, 128},
+                          {"MQA 8/1", 1, N, 8, 1, 128, 128}};
+    const int32_t k = (int32_t)ceil(0.2 * N);
+    /* [iid][shape][bits 8/4][eq][agg] */
+    double res[2][3][2][3][2], mass[2][3][3][2]; /* mass: [iid][shape][exact/INT8/INT4][agg] */
+    double hh[2][3][3][2];                       /* heavy hitters: recall of each head's top 2% */
+    const int32_t k2 = (int32_t)ceil(0.02 * N);
+    double exact_agg[2][3][2];
+    float *tmp = malloc(sizeof(float) * N), *sc = malloc(sizeof(float) * N);
+    int32_t *idx = malloc(sizeof(int32_t) * N), *cand = malloc(sizeof(int32_t) * N);
+    uint8_t *chosen = malloc(N);
+    for (int32_t t = 0; t < N; t++) cand[t] = t;
+    for (int iid = 0; iid < 2; iid++)
+        for (int si = 0; si < 3; si++) {
+            const shp *s = &shapes[si];
+            data d;
+            data_make(&d, 1, N, s->nkv, s->hdk, s->hdv, 31 + (uint64_t)si, iid);
+            double *exact[8];
+            for (int h = 0; h < 8; h++) exact[h] = malloc(sizeof(double) * N);
+            float *q = malloc(sizeof(float) * (size_t)s->nh * s->hdk);
+            tr_kv *kvs[2][3];
+            for (int b = 0; b < 2; b++)
+                for (int e = 0; e < 3; e++) {
+                    tr_kv_params p = params(TR_KV_TIERED, 0.2f);
+                    p.score_bits = b ? 4 : 8;
+                    kvs[b][e] = mk(s, &p);
+                    if (!kvs[b][e]) continue;
+                    tr_kv_set_eq(kvs[b][e], (tr_kv_eq)e);
+                    fill(kvs[b][e], &d, 0, N);
+                }
+            memset(res[iid][si], 0, sizeof res[iid][si]);
+            memset(mass[iid][si], 0, sizeof mass[iid][si]);
+            memset(hh[iid][si], 0, sizeof hh[iid][si]);
+            memset(exact_agg[iid][si], 0, sizeof exact_agg[iid][si]);
+            for (int qi = 0; qi < NQ; qi++) {
+                query_make(q, s, N - 1, 4000 + (uint64_t)qi * 31 + (uint64_t)si, iid);
+                const int32_t G = s->nh / s->nkv;
+                for (int32_t h = 0; h < s->nh; h++)
+                    for (int32_t t = 0; t < N; t++) {
+                        const float *kk = dk(&d, 0, t) + (size_t)(h / G) * s->hdk;
+                        double a = 0;
+                        for (int32_t c = 0; c < s->hdk; c++)
+                            a += (double)r16(q[h * s->hdk + c]) * (double)r16(kk[c]);
+                        exact[h][t] = a;
+                    }
+                for (int agg = 0; agg < 2; agg++) {
+                    /* aggregation alone: exact scores, aggregated */
+                    for (int32_t t = 0; t < N; t++) {
+                        double a = agg ? 0 : -INFINITY;
+                        for (int32_t h = 0; h < s->nh; h++)
+                            a = agg ? a + exact[h][t] : fmax(a, exact[h][t]);
+                        sc[t] = (float)a;
+                        idx[t] = t;
+                    }
+                    tr_kv_topk(sc, idx, N, k);
+                    memset(chosen, 0, N);
+                    for (int32_t i = 0; i < k; i++) chosen[idx[i]] = 1;
+                    exact_agg[iid][si][agg] += recall_of(chosen, exact, s->nh, N, k, tmp, idx) / NQ;
+                    mass[iid][si][0][agg] += mass_of(chosen, exact, s->nh, N, 1 / sqrt(128.0)) / NQ;
+                    hh[iid][si][0][agg] += recall_of(chosen, exact, s->nh, N, k2, tmp, idx) / NQ;
+                    for (int b = 0; b < 2; b++)
+                        for (int e = 0; e < 3; e++) {
+                            if (!kvs[b][e]) continue;
+                            tr_kv_score_tokens(kvs[b][e], g_pool, 0, q, cand, N, (tr_kv_agg)agg,
+                                               sc);
+                            for (int32_t t = 0; t < N; t++) idx[t] = t;
+                            tr_kv_topk(sc, idx, N, k);
+                            memset(chosen, 0, N);
+                            for (int32_t i = 0; i < k; i++) chosen[idx[i]] = 1;
+                            res[iid][si][b][e][agg] +=
+                                recall_of(chosen, exact, s->nh, N, k, tmp, idx) / NQ;
+                            if (e == TR_KV_EQ_ABSMAX) {
+                                mass[iid][si][1 + b][agg] +=
+                                    mass_of(chosen, exact, s->nh, N, 1 / sqrt(128.0)) / NQ;
+                                hh[iid][si][1 + b][agg] +=
+                                    recall_of(chosen, exact, s->nh, N, k2, tmp, idx) / NQ;
+                            }
+                        }
+                }
+            }
+            for (int b = 0; b < 2; b++)
+                for (int e = 0; e < 3; e++) tr_kv_free(kvs[b][e]);
+            for (int h = 0; h < 8; h++) free(exact[h]);
+            free(q);
+            data_free(&d);
+        }
+    printf("recall of each head's exact top-20%% (%d of %d keys, head dim 128, %d queries), "
+           "tiered scoring:\n",
+           k, N, NQ);
+    printf("  %-10s %-8s %-4s | %-5s | %-17s | %-17s | %-17s | %s\n", "keys", "shape", "agg",
+           "exact", "INT8 eq none/abs/sqrt", "INT4 eq none/abs/sqrt", "top-2% exact/8/4",
+           "softmax mass exact/8/4");
+    double tot[2] = {0, 0};
+    for (int iid = 0; iid < 2; iid++)
+        for (int si = 0; si < 3; si++)
+            for (int agg = 0; agg < 2; agg++) {
+                const double(*r)[3][2] = res[iid][si];
+                printf("  %-10s %-8s %-4s | %.3f | %.3f %.3f %.3f     | %.3f %.3f %.3f     | "
+                       "%.3f %.3f %.3f | %.3f %.3f %.3f\n",
+                       iid ? "iid noise" : "realistic", shapes[si].name, agg ? "sum" : "max",
+                       exact_agg[iid][si][agg], r[0][0][agg], r[0][1][agg], r[0][2][agg],
+                       r[1][0][agg], r[1][1][agg], r[1][2][agg], hh[iid][si][0][agg],
+                       hh[iid][si][1][agg], hh[iid][si][2][agg], mass[iid][si][0][agg],
+                       mass[iid][si][1][agg], mass[iid][si][2][agg]);
+                for (int b = 0; b < 2; b++) tot[agg] += r[b][TR_KV_EQ_ABSMAX][agg];
+                /* quantization must not lose much against the exact aggregated scores */
+                TU_CHECK(r[0][TR_KV_EQ_ABSMAX][agg] >= 0.93 * exact_agg[iid][si][agg],
+                         "INT8 recall %.3f vs exact %.3f", r[0][1][agg], exact_agg[iid][si][agg]);
+                TU_CHECK(r[1][TR_KV_EQ_ABSMAX][agg] >= 0.80 * exact_agg[iid][si][agg],
+                         "INT4 recall %.3f vs exact %.3f", r[1][1][agg], exact_agg[iid][si][agg]);
+            }
+    double eqtot[3] = {0, 0, 0}, hht[2] = {0, 0}, mst[2] = {0, 0};
+    for (int iid = 0; iid < 2; iid++)
+        for (int si = 0; si < 3; si++) {
+            for (int b = 0; b < 2; b++)
+                for (int e = 0; e < 3; e++)
+                    eqtot[e] += res[iid][si][b][e][0] + res[iid][si][b][e][1];
+            for (int agg = 0; agg < 2; agg++)
+                for (int b = 1; b < 3; b++) {
+                    hht[agg] += hh[iid][si][b][agg] / 12;
+                    mst[agg] += mass[iid][si][b][agg] / 12;
+                }
+        }
+    /* The decision: the recall of each head's top 2% (the keys that carry its attention) and the
+     * softmax mass the selection holds, which bounds the output error. Recall of the whole top
+     * 20% favours sum: it rewards the flat middle of each head's ranking, which carries little
+     * attention. */
+    const tr_kv_agg chosen_agg = hht[1] + mst[1] > hht[0] + mst[0] ? TR_KV_AGG_SUM : TR_KV_AGG_MAX;
+    printf("  mean over shapes, INT8+INT4 (absmax): top-20%% recall max %.3f / sum %.3f; top-2%% "
+           "recall max %.3f / sum %.3f; mass max %.3f / sum %.3f -> %s\n",
+           tot[0] / 12, tot[1] / 12, hht[0], hht[1], mst[0], mst[1],
+           chosen_agg == TR_KV_AGG_MAX ? "max" : "sum");
+    printf("  channel equalisation (mean top-20%% recall): none %.3f, absmax %.3f, sqrt %.3f\n",
+           eqtot[0] / 24, eqtot[1] / 24, eqtot[2] / 24);
+    /* the defaults are the measured better choices */
+    tr_kv_params p = params(TR_KV_TIERED, 0.2f);
+    tr_kv *kv = mk(&shapes[0], &p);
+    if (kv) {
+        TU_CHECK(kv->agg == chosen_agg, "default aggregation is not the better one");
+        TU_CHECK(eqtot[kv->eq_mode] >= fmax(eqtot[0], fmax(eqtot[1], eqtot[2])) - 0.005 * 24,
+                 "default equalisation is not the better one");
+        tr_kv_free(kv);
+    }
+    free(tmp);
+    free(sc);
+    free(idx);
+    free(cand);
+    free(chosen);
+}
+
+/* ---- 4. h2o: permanent eviction ---------------------------------------------------------------
+ */
+
+static void test_h2o(void) {
+    const shp s = {"MHA", 1, 160, 4, 4, 32, 32};
+    data d;
+    data_make(&d, 1, s.nctx, s.nkv, s.hdk, s.hdv, 41, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    float *q = malloc(sizeof(float) * qn * 16), *o = malloc(sizeof(float) * on * 16),
+          *ro = malloc(sizeof(float) * on);
+    uint8_t *allow = malloc(160), *ever = malloc(160);
+    for (int cold = 0; cold < 2; cold++) {
+        tr_kv_params p = params(TR_KV_H2O, 0.4f);
+        if (cold) {
+            p.hot_bytes = hot_min(&s, &p);
+            p.cold_dir = g_tmp;
+        }
+        tr_kv *kv = mk(&s, &p), *kv2 = mk(&s, &p);
+        if (!kv || !kv2) {
+            tr_kv_free(kv);
+            tr_kv_free(kv2);
+            continue;
+        }
+        tr_error err = {0};
+        memset(ever, 0, 160);
+        float worst = 0;
+        int broken = 0;
+        /* decode one token at a time */
+        for (int32_t t = 0; t < 128; t++) {
+            fill(kv, &d, t, t + 1);
+            query_make(q, &s, t, 7000 + (uint64_t)t, false);
+            for (int32_t i = 0; i <= t; i++)
+                allow[i] = kv->layers[0].tok[i].where != TR_KV_TOK_EVICTED;
+            tr_status st =
+                tr_kv_attend_rows(kv, g_pool, 0, 1, &t, q, qn, 0.2f, NULL, 0, o, on, &err);
+            TU_CHECK(st == TR_OK, "h2o attend: %s", err.msg);
+            ref_attend(&d, 0, &s, t, q, 0.2f, NULL, 0, allow, ro);
+            const float e = maxdiff(o, ro, on);
+            if (e > worst) worst = e;
+            int32_t kept = 0;
+            for (int32_t i = 0; i <= t; i++) {
+                const bool ev = kv->layers[0].tok[i].where == TR_KV_TOK_EVICTED;
+                if (ever[i] && !ev) broken++; /* an evicted token came back */
+                ever[i] |= ev;
+                kept += !ev;
+                if (ev && (i < p.n_sink || i > t - p.n_window)) broken++;
+            }
+            const int32_t forced =
+                p.n_sink + (t + 1 - p.n_sink < p.n_window ? t + 1 - p.n_sink : p.n_window);
+            int32_t budget = (int32_t)ceil(0.4 * (t + 1));
+            if (budget < forced) budget = forced;
+            if (kept > budget) broken++;
+        }
+        tr_kv_stats stt;
+        tr_kv_get_stats(kv, &stt);
+        TU_CHECK(broken == 0 && stt.evicted > 0,
+                 "h2o eviction rules broken %d times (%llu evicted)", broken,
+                 (unsigned long long)stt.evicted);
+        TU_CHECK(worst <= TOL, "h2o attention over the kept tokens: %.3g", worst);
+        /* the same 128 steps as one multi-row call: the same outputs and the same evictions */
+        fill(kv2, &d, 0, 128);
+        int32_t pos[16];
+        float *o1 = malloc(sizeof(float) * on * 128);
+        memset(o1, 0, sizeof(float) * on * 128);
+        for (int32_t b = 0; b < 128; b += 16) {
+            for (int r = 0; r < 16; r++) {
+                pos[r] = b + r;
+                query_make(q + r * qn, &s, pos[r], 7000 + (uint64_t)pos[r], false);
+            }
+            tr_kv_attend_rows(kv2, g_pool, 0, 16, pos, q, qn, 0.2f, NULL, 0, o1 + b * on, on, &err);
+        }
+        int diff = 0;
+        for (int32_t i = 0; i < 128; i++)
+            diff += (kv->layers[0].tok[i].where == TR_KV_TOK_EVICTED) !=
+                    (kv2->layers[0].tok[i].where == TR_KV_TOK_EVICTED);
+        TU_CHECK(diff == 0, "h2o: a 16-row call evicts differently from 16 single steps (%d)",
+                 diff);
+        /* truncate keeps earlier evictions; re-appended positions are new */
+        tr_status st = tr_kv_truncate(kv, 100, &err);
+        TU_CHECK(st == TR_OK, "truncate: %s", err.msg);
+        int kept_ev = 0;
+        for (int32_t i = 0; i < 100; i++)
+            kept_ev += ever[i] == (kv->layers[0].tok[i].where == TR_KV_TOK_EVICTED);
+        TU_CHECK(kept_ev == 100, "h2o truncate changed evictions below the cut");
+        fill(kv, &d, 100, 120);
+        for (int32_t i = 100; i < 120; i++)
+            TU_CHECK(kv->layers[0].tok[i].where != TR_KV_TOK_EVICTED, "re-appended %d evicted", i);
+        printf("h2o (%s): %llu of 128 tokens evicted at alpha 0.4, none returned, sinks and "
+               "window kept; attention = reference over the kept set (%.2e); multi-row = "
+               "sequential\n",
+               cold ? "cold" : "hot", (unsigned long long)stt.evicted, (double)worst);
+        free(o1);
+        tr_kv_free(kv);
+        tr_kv_free(kv2);
+    }
+    free(q);
+    free(o);
+    free(ro);
+    free(allow);
+    free(ever);
+    data_free(&d);
+}
+
+/* ---- 5. quest: the page bounds are upper bounds -----------------------------------------------
+ */
+
+static void test_quest(void) {
+    const shp s = {"GQA", 1, 300, 8, 2, 64, 64};
+    data d;
+    data_make(&d, 1, s.nctx, s.nkv, s.hdk, s.hdv, 51, false);
+    tr_kv_params p = params(TR_KV_QUEST, 0.25f);
+    p.hot_bytes = hot_min(&s, &p);
+    p.cold_dir = g_tmp;
+    tr_kv *kv = mk(&s, &p);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    float *q = malloc(sizeof(float) * qn), *q16 = malloc(sizeof(float) * (size_t)s.hdk),
+          *o = malloc(sizeof(float) * on), *ro = malloc(sizeof(float) * on);
+    uint8_t *allow = malloc(300);
+    if (kv && fill(kv, &d, 0, 290)) {
+        tr_error err = {0};
+        /* truncating into a page and appending again must leave true bounds too */
+        TU_CHECK(tr_kv_truncate(kv, 250, &err) == TR_OK, "truncate: %s", err.msg);
+        fill(kv, &d, 250, 300);
+        int viol = 0, checks = 0;
+        double slack = INFINITY;
+        for (int qi = 0; qi < 20; qi++) {
+            query_make(q, &s, 299, 500 + (uint64_t)qi, qi % 2);
+            for (int32_t h = 0; h < s.nh; h++) {
+                for (int32_t c = 0; c < s.hdk; c++) q16[c] = r16(q[h * s.hdk + c]);
+                const int32_t g = h / (s.nh / s.nkv);
+                for (int32_t pg = 0; pg < (300 + 15) / 16; pg++) {
+                    const float ub = tr_kv_quest_bound(kv, 0, pg, g, q16);
+                    for (int32_t t = pg * 16; t < pg * 16 + 16 && t < 300; t++) {
+                        double a = 0;
+                        for (int32_t c = 0; c < s.hdk; c++)
+                            a += (double)q16[c] * (double)r16(dk(&d, 0, t)[g * s.hdk + c]);
+                        if ((double)ub < a - 1e-4 * (1 + fabs(a))) viol++;
+                        if ((double)ub - a < slack) slack = (double)ub - a;
+                        checks++;
+                    }
+                }
+            }
+        }
+        TU_CHECK(viol == 0, "quest: %d of %d keys score above their page's bound", viol, checks);
+        /* its attention over what it selects */
+        int32_t pos = 299;
+        query_make(q, &s, pos, 77, false);
+        tr_status st =
+            tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_OK, "quest attend: %s", err.msg);
+        int32_t n = 0;
+        st = tr_kv_select_row(kv, g_pool, 0, pos, q, 0, &n, &err);
+        memset(allow, 0, 300);
+        int whole = 1;
+        for (int32_t i = 0; i < n; i++) allow[kv->sel[i]] = 1;
+        for (int32_t t = p.n_sink; t <= pos - p.n_window; t++)
+            if (allow[t] != allow[(t / 16) * 16 > p.n_sink ? (t / 16) * 16 : p.n_sink]) whole = 0;
+        TU_CHECK(whole, "quest selected part of a page");
+        TU_CHECK(n >= (int32_t)ceil(0.25 * 300) &&
+                     n <= (int32_t)ceil(0.25 * 300) + 16 + p.n_sink + p.n_window,
+                 "quest selected %d keys", n);
+        ref_attend(&d, 0, &s, pos, q, 0.125f, NULL, 0, allow, ro);
+        TU_CHECK(maxdiff(o, ro, on) <= TOL, "quest attention over its pages: %.3g",
+                 maxdiff(o, ro, on));
+        printf("quest: %d key scores checked against their page bounds, none above (smallest "
+               "slack %.3g); %d keys attended in whole pages\n",
+               checks, slack, n);
+    }
+    tr_kv_free(kv);
+    free(q);
+    free(q16);
+    free(o);
+    free(ro);
+    free(allow);
+    data_free(&d);
+}
+
+/* ---- 6. truncate and append again -------------------------------------------------------------
+ */
+
+static void test_truncate(void) {
+    const shp s = {"GQA", 2, 160, 8, 2, 64, 64};
+    data d1, d2;
+    data_make(&d1, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 61, false);
+    data_make(&d2, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 62, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    float *q = malloc(sizeof(float) * qn), *o = malloc(sizeof(float) * on),
+          *ro = malloc(sizeof(float) * on);
+    /* d mixes: positions < 70 from d1, the rest from d2 */
+    data dm;
+    data_make(&dm, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 61, false);
+    for (int32_t l = 0; l < s.nl; l++)
+        for (int32_t t = 70; t < s.nctx; t++) {
+            memcpy((float *)dk(&dm, l, t), dk(&d2, l, t), sizeof(float) * (size_t)(s.nkv * s.hdk));
+            memcpy((float *)dv(&dm, l, t), dv(&d2, l, t), sizeof(float) * (size_t)(s.nkv * s.hdv));
+        }
+    float worst = 0;
+    for (int pol = TR_KV_OFFLOAD; pol <= TR_KV_TIERED; pol++) {
+        tr_kv_params p = params((tr_kv_policy)pol, 1.0f);
+        p.hot_bytes = hot_min(&s, &p);
+        p.cold_dir = g_tmp;
+        tr_kv *kv = mk(&s, &p);
+        if (!kv) continue;
+        tr_error err = {0};
+        fill(kv, &d1, 0, 120);
+        /* position 70 is inside page 4 (64..79), whose first tokens are cold by now */
+        TU_CHECK(kv->layers[0].tok[64].where == TR_KV_TOK_COLD, "token 64 should be cold");
+        TU_CHECK(tr_kv_truncate(kv, 70, &err) == TR_OK, "truncate: %s", err.msg);
+        fill(kv, &dm, 70, 160);
+        for (int32_t l = 0; l < s.nl; l++)
+            for (int32_t pos = 75; pos < 160; pos += 21) {
+                query_make(q, &s, pos, 3 + (uint64_t)pos, false);
+                tr_status st =
+                    tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+                TU_CHECK(st == TR_OK, "attend after truncate: %s", err.msg);
+                ref_attend(&dm, l, &s, pos, q, 0.125f, NULL, 0, NULL, ro);
+                const float e = maxdiff(o, ro, on);
+                if (e > worst) worst = e;
+            }
+        tr_kv_free(kv);
+    }
+    TU_CHECK(worst <= TOL, "attention after truncate + append: %.3g", worst);
+    printf("truncate into a page with cold tokens, append new tokens: attention = reference "
+           "(%.2e), offload/h2o/quest/tiered\n",
+           (double)worst);
+    free(q);
+    free(o);
+    free(ro);
+    data_free(&d1);
+    data_free(&d2);
+    data_free(&dm);
+}
+
+/* ---- 7. save / restore ------------------------------------------------------------------------
+ */
+
+static void flip_byte(const char *path, off_t off) {
+    int fd = open(path, O_RDWR);
+    unsigned char c = 0;
+    if (fd < 0 || pread(fd, &c, 1, off) != 1) {
+        TU_CHECK(0, "cannot open %s", path);
+        if (fd >= 0) close(fd);
+        return;
+    }
+    c ^= 0x10;
+    TU_CHECK(pwrite(fd, &c, 1, off) == 1, "cannot write %s", path);
+    close(fd);
+}
+
+static void test_save_restore(void) {
+    const shp s = {"GQA", 2, 200, 8, 2, 64, 64};
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 71, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    float *q = malloc(sizeof(float) * qn), *o1 = malloc(sizeof(float) * on),
+          *o2 = malloc(sizeof(float) * on);
+    char path[300];
+    snprintf(path, sizeof path, "%s/kv.save", g_tmp);
+    const tr_kv_policy pols[] = {TR_KV_TIERED, TR_KV_H2O, TR_KV_QUEST};
+    for (int pi = 0; pi < 3; pi++) {
+        tr_kv_params p = params(pols[pi], 0.3f);
+        p.hot_bytes = hot_min(&s, &p);
+        p.cold_dir = g_tmp;
+        tr_kv *a = mk(&s, &p), *b = mk(&s, &p);
+        if (!a || !b) {
+            tr_kv_free(a);
+            tr_kv_free(b);
+            continue;
+        }
+        tr_error err = {0};
+        fill(a, &d, 0, 180);
+        /* some steps, so h2o has evicted and hits are counted */
+        for (int32_t pos = 100; pos < 180; pos += 7)
+            for (int32_t l = 0; l < s.nl; l++) {
+                query_make(q, &s, pos, (uint64_t)pos, false);
+                tr_kv_attend_rows(a, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o1, on, &err);
+            }
+        tr_status st = tr_kv_save(a, path, &err);
+        TU_CHECK(st == TR_OK, "save: %s", err.msg);
+        fill(b, &d, 0, 20); /* restore replaces what was there */
+        st = tr_kv_restore(b, path, &err);
+        TU_CHECK(st == TR_OK, "restore: %s", err.msg);
+        int same_state = 1;
+        for (int32_t l = 0; l < s.nl; l++) {
+            same_state &= a->layers[l].len == b->layers[l].len;
+            for (int32_t t = 0; t < 180; t++)
+                same_state &= a->layers[l].tok[t].hits == b->layers[l].tok[t].hits &&
+                              (a->layers[l].tok[t].where == TR_KV_TOK_EVICTED) ==
+                                  (b->layers[l].tok[t].where == TR_KV_TOK_EVICTED);
+        }
+        TU_CHECK(same_state, "%s: restored token state differs", tr_kv_policy_name(pols[pi]));
+        float worst = 0;
+        for (int32_t l = 0; l < s.nl; l++) {
+            int32_t pos = 179;
+            query_make(q, &s, pos, 4242, false);
+            tr_kv_attend_rows(a, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o1, on, &err);
+            tr_kv_attend_rows(b, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o2, on, &err);
+            const float e = maxdiff(o1, o2, on);
+            if (e > worst) worst = e;
+        }
+        TU_CHECK(worst == 0.0f, "%s: restored cache attends differently (%.3g)",
+                 tr_kv_policy_name(pols[pi]), worst);
+        if (pi == 0) {
+            /* a damaged file is refused and leaves the cache empty */
+            flip_byte(path, 5000);
+            st = tr_kv_restore(b, path, &err);
+            TU_CHECK(st == TR_E_FORMAT && strstr(err.msg, "checksum"), "damaged save: %d %s", st,
+                     err.msg);
+            TU_CHECK(b->layers[0].len == 0, "a failed restore left %d positions", b->layers[0].len);
+            printf("save/restore: damaged file -> %s\n", err.msg);
+            /* another shape is refused */
+            shp s2 = s;
+            s2.nctx = 100;
+            tr_kv *c = mk(&s2, &p);
+            tr_kv_save(a, path, &err);
+            st = c ? tr_kv_restore(c, path, &err) : TR_E_INTERNAL;
+            TU_CHECK(st == TR_E_FORMAT, "restore into another shape: %d", st);
+            tr_kv_free(c);
+        }
+        tr_kv_free(a);
+        tr_kv_free(b);
+    }
+    unlink(path);
+    printf("save/restore: tiered, h2o, quest round trips attend identically (with evictions and "
+           "hit counts)\n");
+    free(q);
+    free(o1);
+    free(o2);
+    data_free(&d);
+}
+
+/* ---- 8. faults and budgets --------------------------------------------------------------------
+ */
+
+static tr_status try_create(const shp *s, const tr_kv_params *p, tr_error *err, tr_kv **out) {
+    const tr_kv_shape sh = to_shape(s);
+    tr_kv_free(*out); /* one that was expected to fail and did not */
+    *out = NULL;
+    return tr_kv_create(&sh, p, out, err);
+}
+
+static void test_faults(void) {
+    const shp s = {"GQA", 2, 256, 8, 2, 64, 64};
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 81, false);
+    float *q = malloc(sizeof(float) * qn), *o = malloc(sizeof(float) * on);
+    tr_error err = {0};
+    tr_kv *kv = NULL;
+    tr_kv_params p = params(TR_KV_TIERED, 0.5f);
+    p.hot_bytes = hot_min(&s, &p);
+    tr_status st;
+
+    /* budgets */
+    tr_kv_params b = p;
+    b.hot_bytes = hot_min(&s, &p) - 1;
+    b.cold_dir = g_tmp;
+    st = try_create(&s, &b, &err, &kv);
+    TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "need"), "hot pool too small: %d %s", st,
+             err.msg);
+    printf("budget: %s\n", err.msg);
+    b = p;
+    b.cold_dir = NULL;
+    st = try_create(&s, &b, &err, &kv);
+    TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "--kv-cold"), "no cold dir: %d %s", st, err.msg);
+    printf("budget: %s\n", err.msg);
+    b = p;
+    b.policy = TR_KV_FULL;
+    st = try_create(&s, &b, &err, &kv);
+    TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "bytes"), "full over budget: %d %s", st, err.msg);
+    printf("budget: %s\n", err.msg);
+    b = p;
+    b.cold_dir = g_tmp;
+    b.ws_bytes = 1000;
+    st = try_create(&s, &b, &err, &kv);
+    TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "working set"), "ws too small: %d %s", st,
+             err.msg);
+    printf("budget: %s\n", err.msg);
+    TU_CHECK(tr_kv_dram_bytes(&(tr_kv_shape){2, 256, 8, 2, 64, 64}, &p) > p.hot_bytes,
+             "dram bytes");
+    b = p;
+    b.alpha = 0;
+    TU_CHECK(try_create(&s, &b, &err, &kv) == TR_E_ARG, "alpha 0 accepted");
+
+    /* cold directory not writable. Root ignores permission bits, so: (1) a path below a regular
+     * file (ENOTDIR), (2) a read-only tmpfs mount (EROFS), when mounting is permitted */
+    char path[300];
+    snprintf(path, sizeof path, "%s/plainfile", g_tmp);
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+    b = p;
+    b.cold_dir = path;
+    st = try_create(&s, &b, &err, &kv);
+    TU_CHECK(st == TR_E_IO && strstr(err.msg, path), "cold dir is a file: %d %s", st, err.msg);
+    printf("cold dir: %s\n", err.msg);
+    char sub[320];
+    snprintf(sub, sizeof sub, "%s/sub", path);
+    b.cold_dir = sub;
+    st = try_create(&s, &b, &err, &kv);
+    TU_CHECK(st == TR_E_IO && strstr(err.msg, sub), "cold dir below a file: %d %s", st, err.msg);
+    printf("cold dir: %s\n", err.msg);
+    unlink(path);
+
+    char mnt[300];
+    snprintf(mnt, sizeof mnt, "%s/mnt", g_tmp);
+    mkdir(mnt, 0700);
+    if (mount("tmpfs", mnt, "tmpfs", MS_RDONLY, "size=1m") == 0) {
+        b = p;
+        b.cold_dir = mnt;
+        st = try_create(&s, &b, &err, &kv);
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, mnt) && strstr(err.msg, "writable"),
+                 "read-only cold dir: %d %s", st, err.msg);
+        printf("cold dir (read-only tmpfs): %s\n", err.msg);
+        tr_kv_free(kv);
+        kv = NULL;
+        umount2(mnt, MNT_DETACH);
+        /* disk full: a 1 MiB tmpfs cannot hold the reserved segment files */
+        if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m") == 0) {
+            shp big = s;
+            big.nctx = 4096; /* 2 layers x 4096 x 512 bytes: 4 MiB of segment files */
+            b.cold_dir = mnt;
+            st = try_create(&big, &b, &err, &kv);
+            TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "needs") && strstr(err.msg, mnt),
+                     "disk full: %d %s", st, err.msg);
+            printf("disk full (1 MiB tmpfs): %s\n", err.msg);
+            tr_kv_free(kv);
+            kv = NULL;
+            /* a pool that fits is reserved in full at create: the device cannot fill up later */
+            shp s2 = s;
+            s2.nctx = 64;
+            tr_kv_params b2 = b;
+            b2.n_sink = 0;
+            b2.hot_bytes = (uint64_t)s2.nl * 16 * 512;
+            st = try_create(&s2, &b2, &err, &kv);
+            TU_CHECK(st == TR_OK, "small pool on tmpfs: %s", err.msg);
+            tr_kv_free(kv);
+            kv = NULL;
+            umount2(mnt, MNT_DETACH);
+        } else {
+            printf("disk full: SKIPPED (mount not permitted: %s)\n", strerror(errno));
+        }
+    } else {
+        printf("read-only cold dir and disk full on tmpfs: SKIPPED (mount not permitted: %s)\n",
+               strerror(errno));
+    }
+    rmdir(mnt);
+
+    /* a write that fails (ENOSPC injected into the 5th page write) */
+    b = p;
+    b.cold_dir = g_tmp;
+    st = try_create(&s, &b, &err, &kv);
+    TU_CHECK(st == TR_OK, "create: %s", err.msg);
+    if (kv) {
+        tr_kv_set_write_fault(kv, 5, ENOSPC);
+        st = TR_OK;
+        for (int32_t t = 0; t < 256 && !st; t++)
+            for (int32_t l = 0; l < s.nl && !st; l++)
+                st = tr_kv_append(kv, l, t, dk(&d, l, t), dv(&d, l, t), &err);
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, "full") && strstr(err.msg, "page"),
+                 "write fault: %d %s", st, err.msg);
+        printf("write fault: %s\n", err.msg);
+        tr_kv_free(kv);
+        kv = NULL;
+    }
+
+    /* a corrupted page: one flipped bit in a cold record -> TR_E_IO naming file, layer, page */
+    b = p;
+    b.cold_dir = g_tmp;
+    b.alpha = 1.0f;
+    b.policy = TR_KV_OFFLOAD;
+    st = try_create(&s, &b, &err, &kv);
+    if (kv && fill(kv, &d, 0, 256)) {
+        int32_t pos = 255;
+        query_make(q, &s, pos, 1, false);
+        st = tr_kv_attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_OK, "attend before corruption: %s", err.msg);
+        char seg[400], fdpath[64];
+        tr_kv_seg_path(kv, 1, seg, sizeof seg);
+        /* the file is unlinked already (it lives on through the cache's descriptor) */
+        TU_CHECK(access(seg, F_OK) != 0, "%s still has a name", seg);
+        snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", kv->layers[1].fd);
+        flip_byte(fdpath, (off_t)(tr_kv_page_offset(kv, 3) + 2 * kv->rec + 77));
+        st = tr_kv_attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, "checksum") && strstr(err.msg, "layer 1") &&
+                     strstr(err.msg, "page 3") && strstr(err.msg, "position 50") &&
+                     strstr(err.msg, seg),
+                 "corrupted page: %d %s", st, err.msg);
+        printf("corrupted page: %s\n", err.msg);
+        /* the other layer is unaffected */
+        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_OK, "layer 0 after corrupting layer 1: %s", err.msg);
+        /* a failing read (EIO on the next read) */
+        tr_io_pool_set_faults(kv->io, kv->pool_reads + 1, 0);
+        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, "Input/output error"), "read fault: %d %s", st,
+                 err.msg);
+        printf("read fault: %s\n", err.msg);
+        /* the cold files are removed at free */
+        char dir[400];
+        snprintf(dir, sizeof dir, "%s", tr_kv_cold_path(kv));
+        tr_kv_free(kv);
+        kv = NULL;
+        TU_CHECK(access(dir, F_OK) != 0, "cold directory %s left behind", dir);
+    }
+    tr_kv_free(kv);
+    /* ... and kept with keep */
+    b = p;
+    b.cold_dir = g_tmp;
+    b.keep = true;
+    if (try_create(&s, &b, &err, &kv) == TR_OK) {
+        char dir[400], seg0[400], seg1[400];
+        snprintf(dir, sizeof dir, "%s", tr_kv_cold_path(kv));
+        fill(kv, &d, 0, 64);
+        tr_kv_seg_path(kv, 0, seg0, sizeof seg0);
+        tr_kv_seg_path(kv, 1, seg1, sizeof seg1);
+        tr_kv_free(kv);
+        TU_CHECK(access(seg0, F_OK) == 0 && access(seg1, F_OK) == 0, "keep: %s removed", seg0);
+        unlink(seg0);
+        unlink(seg1);
+        rmdir(dir);
+    }
+    free(q);
+    free(o);
+    data_free(&d);
+}
+
+int main(void) {
+    tr_error err = {0};
+    if (tr_pool_create(2, &g_pool, &err)) {
+        fprintf(stderr, "pool: %s\n", err.msg);
+        return 1;
+    }
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/test_kv-XXXXXX");
+    if (!mkdtemp(g_tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_alpha1();
+    test_topk();
+    test_selection();
+    test_recall();
+    test_h2o();
+    test_quest();
+    test_truncate();
+    test_save_restore();
+    test_faults();
+    rmdir(g_tmp);
+    tr_pool_free(g_pool);
+    return tu_result("test_kv");
+}
