@@ -2,7 +2,7 @@
  * The tiered KV cache (src/kv): every policy at alpha = 1 against a straightforward reference
  * attention (MHA, GQA, MQA; hot only and with most tokens cold; sinks, SWA, multi-row calls; the
  * working set big enough and forced into chunks); selection against a brute-force top-k; recall of
- * INT8 and INT4 scoring against the exact per-head top-k, with the max-vs-sum aggregation and the
+ * INT8 and INT4 scoring against the exact per-head top-k, with four aggregations over heads (max, sum and their softmax-normalised forms) and the
  * channel equalisation measured (printed); h2o eviction; quest bounds; truncate; save/restore;
  * faults (cold directory not writable, disk full, corrupted page, failing reads and writes) and
  * budgets that cannot fit.
@@ -436,7 +436,11 @@ static void test_selection(void) {
                         else
                             cand[nc++] = t;
                     }
-                    tr_kv_score_tokens(kv, NULL, l, q, cand, nc, kv->agg, sc);
+                    /* the forced keys join the per-head normalisation, not the ranking */
+                    int32_t nall = nc;
+                    for (int32_t t = lo; t <= pos; t++)
+                        if (want[t]) cand[nall++] = t;
+                    tr_kv_score_tokens(kv, NULL, l, q, 0.125f, cand, nall, kv->agg, sc);
                     for (int32_t i = 0; i < nc && k < nc; i++) {
                         int32_t above = 0; /* rank by counting: brute force */
                         for (int32_t j = 0; j < nc; j++) above += sc[j] > sc[i];
@@ -445,7 +449,7 @@ static void test_selection(void) {
                     if (k >= nc)
                         for (int32_t i = 0; i < nc; i++) want[cand[i]] = 1;
                     int32_t n = 0;
-                    tr_status st = tr_kv_select_row(kv, g_pool, l, pos, q, swa, &n, &err);
+                    tr_status st = tr_kv_select_row(kv, g_pool, l, pos, q, 0.125f, swa, &n, &err);
                     TU_CHECK(st == TR_OK, "select: %s", err.msg);
                     int32_t nwant = 0, miss = 0;
                     for (int32_t t = 0; t < 500; t++) nwant += want[t];
@@ -536,11 +540,14 @@ static void test_recall(void) {
                           {"GQA 8/2", 1, N, 8, 2, 128, 128},
                           {"MQA 8/1", 1, N, 8, 1, 128, 128}};
     const int32_t k = (int32_t)ceil(0.2 * N);
-    /* [iid][shape][bits 8/4][eq][agg] */
-    double res[2][3][2][3][2], mass[2][3][3][2]; /* mass: [iid][shape][exact/INT8/INT4][agg] */
-    double hh[2][3][3][2];                       /* heavy hitters: recall of each head's top 2% */
+    /* [iid][shape][bits 8/4][eq][agg: max, sum, pmax, psum] */
+    enum { NA = 4 };
+    static const char *agg_name[NA] = {"max", "sum", "pmax", "psum"};
+    double res[2][3][2][3][NA], mass[2][3][3][NA]; /* mass: [iid][shape][exact/INT8/INT4][agg] */
+    double hh[2][3][3][NA];                        /* heavy hitters: recall of each head's top 2% */
     const int32_t k2 = (int32_t)ceil(0.02 * N);
-    double exact_agg[2][3][2];
+    const double scale = 1 / sqrt(128.0);
+    double exact_agg[2][3][NA], hmax[8], hsum[8];
     float *tmp = malloc(sizeof(float) * N), *sc = malloc(sizeof(float) * N);
     int32_t *idx = malloc(sizeof(int32_t) * N), *cand = malloc(sizeof(int32_t) * N);
     uint8_t *chosen = malloc(N);
@@ -578,12 +585,24 @@ static void test_recall(void) {
                             a += (double)r16(q[h * s->hdk + c]) * (double)r16(kk[c]);
                         exact[h][t] = a;
                     }
-                for (int agg = 0; agg < 2; agg++) {
+                /* each head's softmax over all keys, for the normalised aggregations */
+                for (int32_t h = 0; h < s->nh; h++) {
+                    hmax[h] = -INFINITY;
+                    hsum[h] = 0;
+                    for (int32_t t = 0; t < N; t++) hmax[h] = fmax(hmax[h], exact[h][t] * scale);
+                    for (int32_t t = 0; t < N; t++) hsum[h] += exp(exact[h][t] * scale - hmax[h]);
+                }
+                for (int agg = 0; agg < NA; agg++) {
                     /* aggregation alone: exact scores, aggregated */
                     for (int32_t t = 0; t < N; t++) {
-                        double a = agg ? 0 : -INFINITY;
-                        for (int32_t h = 0; h < s->nh; h++)
-                            a = agg ? a + exact[h][t] : fmax(a, exact[h][t]);
+                        double a = agg == 0 || agg == 2 ? -INFINITY : 0;
+                        for (int32_t h = 0; h < s->nh; h++) {
+                            const double l = exact[h][t] * scale - hmax[h];
+                            a = agg == 0   ? fmax(a, exact[h][t])
+                                : agg == 1 ? a + exact[h][t]
+                                : agg == 2 ? fmax(a, l)
+                                           : a + exp(l) / hsum[h];
+                        }
                         sc[t] = (float)a;
                         idx[t] = t;
                     }
@@ -591,13 +610,13 @@ static void test_recall(void) {
                     memset(chosen, 0, N);
                     for (int32_t i = 0; i < k; i++) chosen[idx[i]] = 1;
                     exact_agg[iid][si][agg] += recall_of(chosen, exact, s->nh, N, k, tmp, idx) / NQ;
-                    mass[iid][si][0][agg] += mass_of(chosen, exact, s->nh, N, 1 / sqrt(128.0)) / NQ;
+                    mass[iid][si][0][agg] += mass_of(chosen, exact, s->nh, N, scale) / NQ;
                     hh[iid][si][0][agg] += recall_of(chosen, exact, s->nh, N, k2, tmp, idx) / NQ;
                     for (int b = 0; b < 2; b++)
                         for (int e = 0; e < 3; e++) {
                             if (!kvs[b][e]) continue;
-                            tr_kv_score_tokens(kvs[b][e], g_pool, 0, q, cand, N, (tr_kv_agg)agg,
-                                               sc);
+                            tr_kv_score_tokens(kvs[b][e], g_pool, 0, q, (float)scale, cand, N,
+                                               (tr_kv_agg)agg, sc);
                             for (int32_t t = 0; t < N; t++) idx[t] = t;
                             tr_kv_topk(sc, idx, N, k);
                             memset(chosen, 0, N);
@@ -606,7 +625,7 @@ static void test_recall(void) {
                                 recall_of(chosen, exact, s->nh, N, k, tmp, idx) / NQ;
                             if (e == TR_KV_EQ_ABSMAX) {
                                 mass[iid][si][1 + b][agg] +=
-                                    mass_of(chosen, exact, s->nh, N, 1 / sqrt(128.0)) / NQ;
+                                    mass_of(chosen, exact, s->nh, N, scale) / NQ;
                                 hh[iid][si][1 + b][agg] +=
                                     recall_of(chosen, exact, s->nh, N, k2, tmp, idx) / NQ;
                             }
@@ -625,14 +644,14 @@ static void test_recall(void) {
     printf("  %-10s %-8s %-4s | %-5s | %-17s | %-17s | %-17s | %s\n", "keys", "shape", "agg",
            "exact", "INT8 eq none/abs/sqrt", "INT4 eq none/abs/sqrt", "top-2% exact/8/4",
            "softmax mass exact/8/4");
-    double tot[2] = {0, 0};
+    double tot[NA] = {0};
     for (int iid = 0; iid < 2; iid++)
         for (int si = 0; si < 3; si++)
-            for (int agg = 0; agg < 2; agg++) {
-                const double(*r)[3][2] = res[iid][si];
+            for (int agg = 0; agg < NA; agg++) {
+                const double(*r)[3][NA] = res[iid][si];
                 printf("  %-10s %-8s %-4s | %.3f | %.3f %.3f %.3f     | %.3f %.3f %.3f     | "
                        "%.3f %.3f %.3f | %.3f %.3f %.3f\n",
-                       iid ? "iid noise" : "realistic", shapes[si].name, agg ? "sum" : "max",
+                       iid ? "iid noise" : "realistic", shapes[si].name, agg_name[agg],
                        exact_agg[iid][si][agg], r[0][0][agg], r[0][1][agg], r[0][2][agg],
                        r[1][0][agg], r[1][1][agg], r[1][2][agg], hh[iid][si][0][agg],
                        hh[iid][si][1][agg], hh[iid][si][2][agg], mass[iid][si][0][agg],
@@ -644,13 +663,13 @@ static void test_recall(void) {
                 TU_CHECK(r[1][TR_KV_EQ_ABSMAX][agg] >= 0.80 * exact_agg[iid][si][agg],
                          "INT4 recall %.3f vs exact %.3f", r[1][1][agg], exact_agg[iid][si][agg]);
             }
-    double eqtot[3] = {0, 0, 0}, hht[2] = {0, 0}, mst[2] = {0, 0};
+    double eqtot[3] = {0, 0, 0}, hht[NA] = {0}, mst[NA] = {0};
     for (int iid = 0; iid < 2; iid++)
         for (int si = 0; si < 3; si++) {
             for (int b = 0; b < 2; b++)
                 for (int e = 0; e < 3; e++)
-                    eqtot[e] += res[iid][si][b][e][0] + res[iid][si][b][e][1];
-            for (int agg = 0; agg < 2; agg++)
+                    for (int agg = 0; agg < NA; agg++) eqtot[e] += res[iid][si][b][e][agg];
+            for (int agg = 0; agg < NA; agg++)
                 for (int b = 1; b < 3; b++) {
                     hht[agg] += hh[iid][si][b][agg] / 12;
                     mst[agg] += mass[iid][si][b][agg] / 12;
@@ -660,19 +679,23 @@ static void test_recall(void) {
      * softmax mass the selection holds, which bounds the output error. Recall of the whole top
      * 20% favours sum: it rewards the flat middle of each head's ranking, which carries little
      * attention. */
-    const tr_kv_agg chosen_agg = hht[1] + mst[1] > hht[0] + mst[0] ? TR_KV_AGG_SUM : TR_KV_AGG_MAX;
-    printf("  mean over shapes, INT8+INT4 (absmax): top-20%% recall max %.3f / sum %.3f; top-2%% "
-           "recall max %.3f / sum %.3f; mass max %.3f / sum %.3f -> %s\n",
-           tot[0] / 12, tot[1] / 12, hht[0], hht[1], mst[0], mst[1],
-           chosen_agg == TR_KV_AGG_MAX ? "max" : "sum");
+    int best = 0;
+    printf("  mean over shapes, INT8+INT4 (absmax):\n");
+    for (int agg = 0; agg < NA; agg++) {
+        printf("    %-4s top-20%% recall %.3f, top-2%% recall %.3f, softmax mass %.3f\n",
+               agg_name[agg], tot[agg] / 12, hht[agg], mst[agg]);
+        if (hht[agg] + mst[agg] > hht[best] + mst[best]) best = agg;
+    }
+    const tr_kv_agg chosen_agg = (tr_kv_agg)best;
+    printf("  -> %s\n", agg_name[best]);
     printf("  channel equalisation (mean top-20%% recall): none %.3f, absmax %.3f, sqrt %.3f\n",
-           eqtot[0] / 24, eqtot[1] / 24, eqtot[2] / 24);
+           eqtot[0] / (12 * NA), eqtot[1] / (12 * NA), eqtot[2] / (12 * NA));
     /* the defaults are the measured better choices */
     tr_kv_params p = params(TR_KV_TIERED, 0.2f);
     tr_kv *kv = mk(&shapes[0], &p);
     if (kv) {
         TU_CHECK(kv->agg == chosen_agg, "default aggregation is not the better one");
-        TU_CHECK(eqtot[kv->eq_mode] >= fmax(eqtot[0], fmax(eqtot[1], eqtot[2])) - 0.005 * 24,
+        TU_CHECK(eqtot[kv->eq_mode] >= fmax(eqtot[0], fmax(eqtot[1], eqtot[2])) - 0.005 * 12 * NA,
                  "default equalisation is not the better one");
         tr_kv_free(kv);
     }
@@ -834,7 +857,7 @@ static void test_quest(void) {
             tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_OK, "quest attend: %s", err.msg);
         int32_t n = 0;
-        st = tr_kv_select_row(kv, g_pool, 0, pos, q, 0, &n, &err);
+        st = tr_kv_select_row(kv, g_pool, 0, pos, q, 0.125f, 0, &n, &err);
         memset(allow, 0, 300);
         int whole = 1;
         for (int32_t i = 0; i < n; i++) allow[kv->sel[i]] = 1;

@@ -164,7 +164,8 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (o->cold) d += L * n_ctx * 8 + o->page_bytes;  /* record hashes, page buffer */
     if (tiered) d += L * nkv * (n_ctx * o->qrow + (uint64_t)o->hdk_pad * 4);
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
-    if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;
+    if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;     /* masses, the row's scores per head */
+    if (tiered) d += nh * n_ctx * 4 + nh * 8;         /* scores per head, their max and sum */
     d += n_ctx * (4 + 4 + 4 + 1 + 1) + (uint64_t)o->n_pages * 4; /* selection scratch */
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
     d += (uint64_t)o->n_scratch * (ws * 6 + (uint64_t)s->head_dim_k * 2);
@@ -252,6 +253,7 @@ void tr_kv_free(tr_kv *kv) {
     free(kv->st_m);
     free(kv->st_l);
     free(kv->hs);
+    free(kv->hz);
     free(kv->vlo);
     free(kv->vhi);
     free(kv->skip);
@@ -288,7 +290,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     kv->hdk_pad = pl.hdk_pad;
     kv->qrow = pl.qrow;
     kv->q8row = pl.q8row;
-    kv->agg = TR_KV_AGG_MAX;
+    kv->agg = TR_KV_AGG_PSUM;
     kv->eq_mode = TR_KV_EQ_ABSMAX;
     kv->read_gap = KV_READ_GAP;
     kv->data_off = pl.data_off;
@@ -335,10 +337,9 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         ALLOC(pmin, NL * nkv * (size_t)pl.n_pages * hdk * 2, 0);
         ALLOC(pmax, NL * nkv * (size_t)pl.n_pages * hdk * 2, 0);
     }
-    if (pol == TR_KV_H2O) {
-        ALLOC(mass, NL * n_ctx * 4, 0);
-        ALLOC(kv->hs, nh * n_ctx * 4, 0);
-    }
+    if (pol == TR_KV_H2O) ALLOC(mass, NL * n_ctx * 4, 0);
+    if (pol == TR_KV_H2O || pol == TR_KV_TIERED) ALLOC(kv->hs, nh * n_ctx * 4, 0);
+    if (pol == TR_KV_TIERED) ALLOC(kv->hz, nh * 8, 0);
     /* layer 0 owns the blocks (freed through its pointers) */
     for (size_t l = 0; l < NL && ok; l++) {
         tr_kv_layer *L = &kv->layers[l];

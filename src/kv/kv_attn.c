@@ -361,7 +361,7 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
             const float *qr = q + (size_t)r * q_stride;
             const uint64_t ts = tr_io_now_ns();
             int32_t n = 0;
-            st = tr_kv_select_row(kv, pool, layer, pos[r], qr, swa, &n, err);
+            st = tr_kv_select_row(kv, pool, layer, pos[r], qr, scale, swa, &n, err);
             t_score += tr_io_now_ns() - ts;
             if (st) break;
             const int32_t *T = kv->sel;

@@ -151,10 +151,13 @@ typedef struct score_job {
     const int32_t *cand;
     int32_t n;
     tr_kv_agg agg;
+    float scale;
     float *out;
     atomic_int_fast64_t next;
 } score_job;
 
+/* q.k of every candidate and query head: aggregated into out (MAX, SUM), or kept per head in
+ * kv->hs (PMAX, PSUM) */
 static void score_task(void *ctx, int ith, int nth) {
     (void)ith;
     (void)nth;
@@ -162,38 +165,94 @@ static void score_task(void *ctx, int ith, int nth) {
     const tr_kv *kv = j->kv;
     const tr_vec_dot_fn dot = kv->kern->vec_dot[kv->qtype];
     const int32_t nkv = kv->shape.n_head_kv, G = kv->group, pad = kv->hdk_pad;
-    const bool mx = j->agg == TR_KV_AGG_MAX;
+    const bool mx = j->agg == TR_KV_AGG_MAX, per_head = j->agg >= TR_KV_AGG_PMAX;
     int64_t b, e;
     /* per chunk of tokens, one KV head at a time: each head's copy is read as one stream */
     while (tr_claim(&j->next, j->n, 256, &b, &e)) {
-        for (int64_t i = b; i < e; i++) j->out[i] = mx ? -INFINITY : 0.0f;
+        if (!per_head)
+            for (int64_t i = b; i < e; i++) j->out[i] = mx ? -INFINITY : 0.0f;
         for (int32_t g = 0; g < nkv; g++)
             for (int32_t h = g * G; h < (g + 1) * G; h++) {
                 const uint8_t *q8 = kv->q8 + (size_t)h * kv->q8row;
+                float *hs = per_head ? kv->hs + (size_t)h * (size_t)j->n : NULL;
                 for (int64_t i = b; i < e; i++) {
                     float v;
                     dot(pad, &v, qk_row(kv, j->L, (size_t)g, j->cand[i]), q8);
-                    j->out[i] = mx ? fmaxf(j->out[i], v) : j->out[i] + v;
+                    if (hs)
+                        hs[i] = v * j->scale;
+                    else
+                        j->out[i] = mx ? fmaxf(j->out[i], v) : j->out[i] + v;
                 }
             }
     }
 }
 
-void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q,
+/* normalised aggregation, step 1, per head: the max of its scores and, for PSUM, the sum of
+ * exp(score - max), the scores replaced by those exponentials */
+static void norm_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    score_job *j = ctx;
+    tr_kv *kv = j->kv;
+    int64_t b, e;
+    while (tr_claim(&j->next, kv->shape.n_head, 1, &b, &e))
+        for (int64_t h = b; h < e; h++) {
+            float *hs = kv->hs + (size_t)h * (size_t)j->n, m = -INFINITY;
+            for (int32_t i = 0; i < j->n; i++) m = fmaxf(m, hs[i]);
+            double z = 0.0;
+            if (j->agg == TR_KV_AGG_PSUM)
+                for (int32_t i = 0; i < j->n; i++) {
+                    hs[i] = expf(hs[i] - m);
+                    z += hs[i];
+                }
+            kv->hz[2 * h] = m;
+            kv->hz[2 * h + 1] = z > 0.0 ? (float)(1.0 / z) : 0.0f;
+        }
+}
+
+/* step 2, per token: the best log-probability relative to each head's peak (PMAX) or the summed
+ * probability (PSUM) */
+static void agg_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    score_job *j = ctx;
+    const tr_kv *kv = j->kv;
+    const int32_t nh = kv->shape.n_head;
+    const bool psum = j->agg == TR_KV_AGG_PSUM;
+    int64_t b, e;
+    while (tr_claim(&j->next, j->n, 1024, &b, &e)) {
+        for (int64_t i = b; i < e; i++) j->out[i] = psum ? 0.0f : -INFINITY;
+        for (int32_t h = 0; h < nh; h++) {
+            const float *hs = kv->hs + (size_t)h * (size_t)j->n;
+            const float m = kv->hz[2 * h], iz = kv->hz[2 * h + 1];
+            for (int64_t i = b; i < e; i++)
+                j->out[i] = psum ? j->out[i] + hs[i] * iz : fmaxf(j->out[i], hs[i] - m);
+        }
+    }
+}
+
+void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
                         const int32_t *cand, int32_t n, tr_kv_agg agg, float *out) {
     const tr_kv_layer *L = &kv->layers[layer];
-    const int32_t hdk = kv->shape.head_dim_k, pad = kv->hdk_pad;
-    for (int32_t h = 0; h < kv->shape.n_head; h++) {
+    const int32_t hdk = kv->shape.head_dim_k, pad = kv->hdk_pad, nh = kv->shape.n_head;
+    for (int32_t h = 0; h < nh; h++) {
         const float *eq = L->eq + (size_t)(h / kv->group) * pad;
         float *qf = kv->qf + (size_t)h * pad;
         for (int32_t c = 0; c < hdk; c++) qf[c] = q[(size_t)h * hdk + c] * eq[c];
         for (int32_t c = hdk; c < pad; c++) qf[c] = 0.0f;
         kv->kern->from_float[TR_TYPE_Q8_0](qf, kv->q8 + (size_t)h * kv->q8row, pad);
     }
-    score_job j = {.kv = kv, .L = L, .cand = cand, .n = n, .agg = agg, .out = out};
+    if (agg >= TR_KV_AGG_PMAX && !kv->hs) agg = TR_KV_AGG_MAX; /* no per-head buffer */
+    score_job j = {
+        .kv = kv, .L = L, .cand = cand, .n = n, .agg = agg, .scale = scale, .out = out};
     atomic_init(&j.next, 0);
-    tr_kv_run(pool, score_task, &j,
-              (uint64_t)n * (uint64_t)kv->shape.n_head * (uint64_t)kv->hdk_pad);
+    const uint64_t work = (uint64_t)n * (uint64_t)nh;
+    tr_kv_run(pool, score_task, &j, work * (uint64_t)pad);
+    if (agg < TR_KV_AGG_PMAX) return;
+    atomic_store(&j.next, 0);
+    tr_kv_run(pool, norm_task, &j, work * (agg == TR_KV_AGG_PSUM ? 16 : 1));
+    atomic_store(&j.next, 0);
+    tr_kv_run(pool, agg_task, &j, work);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -275,7 +334,7 @@ static int cmp_desc(const void *a, const void *b, void *ctx) {
 }
 
 tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos, const float *q,
-                           int32_t swa, int32_t *n_sel, tr_error *err) {
+                           float scale, int32_t swa, int32_t *n_sel, tr_error *err) {
     tr_kv_layer *L = &kv->layers[layer];
     const tr_kv_params *p = &kv->params;
     const int32_t lo = tr_kv_visible_lo(pos, swa), n_vis = pos - lo + 1;
@@ -291,7 +350,16 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
 
     bool all = p->policy == TR_KV_H2O || k >= n_cand;
     if (!all && p->policy == TR_KV_TIERED) {
-        tr_kv_score_tokens(kv, pool, layer, q, cand, n_cand, kv->agg, kv->cscore);
+        /* normalised aggregations weigh each head by the share of its attention the candidates
+         * would get: the sinks and the window, attended anyway, join the normalisation */
+        int32_t n_all = n_cand;
+        if (kv->agg >= TR_KV_AGG_PMAX) {
+            for (int32_t t = lo; t < sink_hi; t++)
+                if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_all++] = t;
+            for (int32_t t = win_lo > c_lo ? win_lo : c_lo; t <= pos; t++)
+                if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_all++] = t;
+        }
+        tr_kv_score_tokens(kv, pool, layer, q, scale, cand, n_all, kv->agg, kv->cscore);
         for (int32_t i = 0; i < n_cand; i++) sel[i] = i;
         tr_kv_topk(kv->cscore, sel, n_cand, k);
         for (int32_t i = 0; i < k; i++) mark[cand[sel[i]]] = 1;
@@ -307,7 +375,7 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         for (int32_t i = 0; i < n_cand; i++)
             if (!n_pg || cand[i] / TR_KV_PAGE != sel[n_pg - 1]) sel[n_pg++] = cand[i] / TR_KV_PAGE;
         quest_job j = {
-            .kv = kv, .layer = layer, .pages = sel, .n = n_pg, .agg = kv->agg, .out = kv->cscore};
+            .kv = kv, .layer = layer, .pages = sel, .n = n_pg, .agg = TR_KV_AGG_MAX, .out = kv->cscore}; /* a page can matter to any one head */
         atomic_init(&j.next, 0);
         tr_kv_run(pool, quest_task, &j,
                   (uint64_t)n_pg * (uint64_t)kv->shape.n_head * (uint64_t)kv->shape.head_dim_k);
