@@ -142,13 +142,20 @@ def passkey(model, text, ctx, policy, alpha, tmp):
 def main():
     import tempfile
     text = kjv()
+    # results accumulate per model: a run for one model keeps the other's recorded figures
+    jpath = os.path.join(OUT_DIR, "kv-quality.json")
     results = {}
+    if os.path.exists(jpath):
+        with open(jpath) as f:
+            results = {k: v for k, v in json.load(f).items() if k not in KEYS}
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="terrace-kvq-") as tmp:
         for key in KEYS:
             cfg = MODELS[key]
             model = model_path(key)
-            res = results[key] = {"name": cfg["name"], "ppl": {}, "agree": {}, "passkey": {}}
+            t_model = time.time()
+            res = results[key] = {"name": cfg["name"], "ppl": {}, "agree": {}, "passkey": {},
+                                  "date": time.strftime("%Y-%m-%d"), "quick": QUICK}
             # perplexity: enough text for two chunks at each context (~3.5 chars per token)
             for ci, ctx in enumerate(cfg["ppl_ctx"]):
                 chunks = 2 if ci == 0 else 1
@@ -186,25 +193,28 @@ def main():
                         res["passkey"].setdefault(f"{pol}@{a}", {})[f"{ctx}/{depth}"] = ok
                         print(f"{key} passkey {ctx} depth {depth} {pol} a={a}: {'ok' if ok else 'miss'} "
                               f"({out.strip()[:30]!r}, {time.time() - t0:.0f} s)", flush=True)
-            with open(os.path.join(OUT_DIR, "kv-quality.json"), "w") as f:
+            res["minutes"] = round((time.time() - t_model) / 60)
+            with open(jpath, "w") as f:
                 json.dump(results, f, indent=1)
-    write_report(results, time.time() - t_start)
+    write_report(results)
 
 
-def write_report(results, secs):
+def write_report(results):
     lines = ["# KV-cache policies: quality against the full cache", "",
-             f"`make bench-kv-quality` (`bench/kv_quality.py`{' --quick' if QUICK else ''}), "
-             f"{time.strftime('%Y-%m-%d')}, {secs / 60:.0f} min. Sinks 4, window 64, INT8 scoring. "
+             "`make bench-kv-quality` (`bench/kv_quality.py`; each model's run date and time "
+             "below). Sinks 4, window 64, INT8 scoring. "
              "The policy selects keys for every query position (prompt and generation alike). "
              "Perplexity on the King James text (llama.cpp's method: two chunks of c tokens at 4K "
              "with every configuration, one chunk at the longest context with tiered at each alpha "
              "and the baselines at 0.1); top-1 "
-             "agreement with full's greedy choice over 256 generated tokens after a 3000-token "
+             "agreement with full's greedy choice over 256 generated tokens (128 with --quick) after a 3000-token "
              "prompt (teacher-forced); passkey: a 5-digit number at 10/50/90 % depth in filler, "
              "correct if the 8-token greedy answer contains it (tiered at each alpha, the baselines at "
              "0.1, and full).", ""]
     for key, res in results.items():
-        lines += [f"## {res['name']}", ""]
+        lines += [f"## {res['name']}", "",
+                  f"Run {res.get('date', '?')}, {res.get('minutes', '?')} min"
+                  f"{' (--quick: the first perplexity context and passkey length only, 128 generated tokens)' if res.get('quick') else ''}.", ""]
         ctxs = list(res["ppl"])
         head = "| policy | alpha | " + " | ".join(f"PPL c={c}" for c in ctxs) + \
                " | top-1 agreement | passkey |"

@@ -296,6 +296,10 @@ typedef struct tr_session_params {
     uint64_t kv_hot_bytes; /* hot pool budget; 0: every token hot */
     const char *kv_cold_dir; /* cold pool directory (needed when the hot pool cannot hold -c) */
     bool kv_keep;          /* keep the cold pool's files when the session ends */
+    /* tiered with a cold pool: placement between the pools; NULL or "off" = static (the oldest
+     * tokens go cold), "on" = BKP (hit counts promote and demote, with hysteresis), "naive" =
+     * promote every cold token read (a baseline) */
+    const char *kv_bkp;
 } tr_session_params;
 
 typedef struct tr_session_kv_stats {
@@ -304,6 +308,9 @@ typedef struct tr_session_kv_stats {
     int64_t tokens;
     uint64_t hot_bytes, cold_bytes, selected, bytes_read;
     double score_ms, attn_ms;
+    /* placement (cumulative): moves between the pools, moves that reversed one made within 64
+     * steps, bytes copied into the hot pool; selected tokens found hot / read from the cold pool */
+    uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
 } tr_session_kv_stats;
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 

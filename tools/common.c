@@ -16,7 +16,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CHUNKS,
 };
 
 typedef struct flag {
@@ -70,6 +70,7 @@ static const flag k_flags[] = {
     {"--kv-hot", F_KVHOT, true, "SIZE      KV: hot pool (DRAM) budget (default: every token hot)"},
     {"--kv-cold", F_KVCOLD, true, "DIR      KV: cold pool directory on local storage"},
     {"--kv-keep", F_KVKEEP, false, "        KV: keep the cold pool's files"},
+    {"--kv-bkp", F_KVBKP, true, "MODE      KV tiered: placement between the pools: off (default), on, naive"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
@@ -258,6 +259,13 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         }
         case F_KVCOLD: o->kv.kv_cold_dir = v; break;
         case F_KVKEEP: o->kv.kv_keep = true; break;
+        case F_KVBKP:
+            if (strcmp(v, "off") && strcmp(v, "on") && strcmp(v, "naive")) {
+                cli_error("--kv-bkp expects off, on or naive, got '%s'", v);
+                return false;
+            }
+            o->kv.kv_bkp = v;
+            break;
         case F_CHUNKS: if (!cli_parse_int(a, v, 1, 1 << 20, &n)) return false; o->n_chunks = (int32_t)n; break;
         case F_HELP: usage(stdout); exit(0);
         }

@@ -167,6 +167,12 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
                 kv.policy, (long long)kv.tokens, cli_bytes(kv.hot_bytes, b1, sizeof b1),
                 cli_bytes(kv.cold_bytes, b2, sizeof b2), cli_bytes(kv.bytes_read, b3, sizeof b3),
                 kv.score_ms, kv.attn_ms, (unsigned long long)kv.selected);
+        if (kv.sel_hot + kv.sel_cold)
+            fprintf(stderr, "terrace: kv pools     selected tokens found hot %.1f %%; %llu promoted, "
+                            "%llu demoted, %llu ping-pong moves\n",
+                    100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold),
+                    (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
+                    (unsigned long long)kv.pingpong);
     }
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",

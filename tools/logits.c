@@ -55,6 +55,7 @@ int cmd_logits(int argc, char **argv) {
         {"kv-hot", required_argument, NULL, 'H'},     {"kv-cold", required_argument, NULL, 'D'},
         {"kv-sink", required_argument, NULL, 'S'},    {"kv-window", required_argument, NULL, 'W'},
         {"kv-score-bits", required_argument, NULL, 'B'},
+        {"kv-bkp", required_argument, NULL, 'O'},
         {"top1", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
@@ -96,6 +97,7 @@ int cmd_logits(int argc, char **argv) {
         case 'S': sp.kv_sink = atoi(optarg); break;
         case 'W': sp.kv_window = atoi(optarg); break;
         case 'B': sp.kv_score_bits = atoi(optarg); break;
+        case 'O': sp.kv_bkp = optarg; break;
         case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
         default:
             cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);

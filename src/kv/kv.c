@@ -76,6 +76,11 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (p->n_sink < 0 || p->n_window < 0)
         return tr_fail(err, TR_E_ARG, "--kv-sink %d / --kv-window %d: must be >= 0", p->n_sink,
                        p->n_window);
+    if ((unsigned)p->bkp > TR_KV_BKP_ON)
+        return tr_fail(err, TR_E_ARG, "--kv-bkp %d", (int)p->bkp);
+    if (p->bkp != TR_KV_BKP_OFF && p->policy != TR_KV_TIERED)
+        return tr_fail(err, TR_E_ARG, "--kv-bkp %s needs --kv-policy tiered (policy %s)",
+                       tr_kv_bkp_name(p->bkp), tr_kv_policy_name(p->policy));
     if (p->score_bits != 8 && p->score_bits != 4)
         return tr_fail(err, TR_E_ARG, "--kv-score-bits %d: 8 or 4", p->score_bits);
     if (p->n_threads < 0 || p->n_threads > 4096 || p->io_threads < 0 || p->io_threads > 256)
@@ -162,6 +167,8 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     d += ws * rec;                                    /* working set */
     d += L * (n_ctx * sizeof(tr_kv_tok) + slots * 8); /* token table, slot maps */
     if (o->cold) d += L * n_ctx * 8 + o->page_bytes;  /* record hashes, page buffer */
+    if (o->cold && p->bkp != TR_KV_BKP_OFF) /* last moves; victims, candidates */
+        d += L * n_ctx * 4 + slots * 12 + ws * 4;
     if (tiered) d += L * nkv * (n_ctx * o->qrow + (uint64_t)o->hdk_pad * 4);
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
     if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;     /* masses, the row's scores per head */
@@ -235,6 +242,7 @@ void tr_kv_free(tr_kv *kv) {
         free(L->pmin);
         free(L->pmax);
         free(L->mass);
+        free(L->moved);
     }
     free(kv->layers);
     free(kv->ws);
@@ -257,6 +265,10 @@ void tr_kv_free(tr_kv *kv) {
     free(kv->vlo);
     free(kv->vhi);
     free(kv->skip);
+    free(kv->bkp_pos);
+    free(kv->bkp_key);
+    free(kv->bkp_idx);
+    free(kv->bkp_cand);
     free(kv->cold_path);
     free(kv->cold_dir_copy);
     free(kv);
@@ -323,12 +335,15 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     tr_kv_tok *tok;
     uint64_t *hash = NULL;
     float *eq = NULL, *mass = NULL;
+    uint32_t *moved = NULL;
+    const bool bkp = pl.cold && params->bkp != TR_KV_BKP_OFF;
     uint16_t *pmin = NULL, *pmax = NULL;
     ALLOC(free_slots, NL * slots * 4, 0);
     ALLOC(slot_pos, NL * slots * 4, 0);
     ALLOC(hot, NL * slots * pl.rec, 4096);
     ALLOC(tok, NL * n_ctx * sizeof(tr_kv_tok), 0);
     if (pl.cold) ALLOC(hash, NL * n_ctx * 8, 0);
+    if (bkp) ALLOC(moved, NL * n_ctx * 4, 0);
     if (pol == TR_KV_TIERED) {
         ALLOC(qk, NL * nkv * n_ctx * pl.qrow, 64);
         ALLOC(eq, NL * nkv * (size_t)pl.hdk_pad * 4, 0);
@@ -353,6 +368,9 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         L->pmin = pmin ? pmin + l * nkv * (size_t)pl.n_pages * hdk : NULL;
         L->pmax = pmax ? pmax + l * nkv * (size_t)pl.n_pages * hdk : NULL;
         L->mass = mass ? mass + l * n_ctx : NULL;
+        L->moved = moved ? moved + l * n_ctx : NULL;
+        L->step = 1;
+        L->att_hi = -1;
         L->fd = -1;
         L->n_free = (int32_t)slots;
         for (size_t i = 0; i < slots; i++) {
@@ -374,6 +392,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         free(pmin);
         free(pmax);
         free(mass);
+        free(moved);
         memset(kv->layers, 0, NL * sizeof(tr_kv_layer));
         for (size_t l = 0; l < NL; l++) kv->layers[l].fd = -1;
         tr_kv_free(kv);
@@ -399,6 +418,12 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     ALLOC(kv->vlo, TR_KV_ROW_BLOCK * 4, 0);
     ALLOC(kv->vhi, TR_KV_ROW_BLOCK * 4, 0);
     ALLOC(kv->skip, n_ctx, 0);
+    if (bkp) {
+        ALLOC(kv->bkp_pos, slots * 4, 0);
+        ALLOC(kv->bkp_key, slots * 4, 0);
+        ALLOC(kv->bkp_idx, slots * 4, 0);
+        ALLOC(kv->bkp_cand, (size_t)pl.ws_cap * 4, 0);
+    }
 #undef ALLOC
     if (!ok) {
         tr_kv_free(kv);
@@ -436,6 +461,7 @@ static bool demote_one(tr_kv *kv, tr_kv_layer *L) {
         tr_kv_drop_hot(kv, L, p);
         t->where = TR_KV_TOK_COLD;
         L->demote_next = p + 1;
+        kv->demotions++;
         return true;
     }
     return false;
@@ -452,8 +478,10 @@ static void drop_positions(tr_kv *kv, tr_kv_layer *L, int32_t n) {
         if (t->where == TR_KV_TOK_EVICTED) L->n_evicted--;
         memset(t, 0, sizeof *t);
         if (L->mass) L->mass[p] = 0.0f;
+        if (L->moved) L->moved[p] = 0;
     }
     L->len = n;
+    if (L->att_hi > n - 1) L->att_hi = n - 1;
     if (L->pages_written > n / TR_KV_PAGE) L->pages_written = n / TR_KV_PAGE;
     const int32_t lo = n > kv->params.n_sink ? n : kv->params.n_sink;
     if (L->demote_next > lo) L->demote_next = lo;
@@ -465,7 +493,7 @@ tr_status tr_kv_append_rec(tr_kv *kv, int32_t layer, const uint8_t *rec, tr_erro
     if (pos >= kv->shape.n_ctx)
         return tr_fail(err, TR_E_ARG, "KV cache full: layer %d holds %d positions (n_ctx)", layer,
                        kv->shape.n_ctx);
-    if (!L->n_free && !demote_one(kv, L))
+    if (!L->n_free && !(L->moved ? tr_kv_make_room(kv, L) : demote_one(kv, L)))
         return tr_fail(err, TR_E_INTERNAL,
                        "KV hot pool of layer %d: %d slots, none can be demoted at position %d",
                        layer, kv->hot_slots, pos);
@@ -541,4 +569,10 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->steps = kv->steps;
     o->io_ns = kv->io_ns;
     o->read_ops = kv->read_ops;
+    o->promotions = kv->promotions;
+    o->demotions = kv->demotions;
+    o->pingpong = kv->pingpong;
+    o->migrated_bytes = kv->migrated_bytes;
+    o->sel_hot = kv->sel_hot;
+    o->sel_cold = kv->sel_cold;
 }

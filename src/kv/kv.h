@@ -15,8 +15,9 @@
  *
  * Selection (h2o/quest/tiered at alpha < 1), per query row at position p over the visible keys
  * (p - swa < key <= p): the sinks (key < n_sink) and the window (key > p - n_window) always, plus
- * ceil(alpha * visible) of the others: tiered the best by the max over all query heads of the
- * low-precision q.k (max beats sum on the measured recall of each head's top keys, test_kv);
+ * ceil(alpha * visible) of the others: tiered the best by the attention mass they carry summed
+ * over query heads (each head's softmax of the low-precision q.k over the visible keys; measured
+ * against max and sum over heads in test_kv and on real perplexity, see kv_internal.h);
  * quest whole pages by the max over heads of their bound until they hold that many; h2o keeps
  * that many by accumulated attention and evicts the rest for good.
  *
@@ -50,6 +51,25 @@ typedef enum {
     TR_KV_TIERED,
 } tr_kv_policy;
 
+/* Placement between the hot and the cold pool (with a cold pool; tiered only):
+ *   OFF    static: the oldest non-sink token outside the window is demoted when the hot pool is
+ *          full, nothing comes back (the previous issue's behaviour)
+ *   NAIVE  bidirectional without hysteresis: every cold token the selection reads is promoted
+ *          (its record is in the working set already), displacing the hot token with the fewest
+ *          hits — the baseline that shows ping-pong
+ *   ON     BKP: a u16 hit counter per token (selected = hit, halved every KV_BKP_DECAY steps);
+ *          a cold token is promoted when its hits reach a threshold and exceed the weakest hot
+ *          token's by a margin, and a token stays at least a minimum number of steps where it
+ *          was moved to, so it does not move back and forth
+ * Placement never changes which tokens are selected (scoring uses the DRAM key copy), so it never
+ * changes the output: only where the selected rows are read from. */
+typedef enum { TR_KV_BKP_OFF = 0, TR_KV_BKP_NAIVE, TR_KV_BKP_ON } tr_kv_bkp;
+tr_status tr_kv_bkp_parse(const char *name, tr_kv_bkp *out, tr_error *err);
+const char *tr_kv_bkp_name(tr_kv_bkp b);
+
+/* a token moving both ways within this many steps of its layer is a ping-pong move */
+#define TR_KV_PINGPONG_W 64
+
 /* tokens per cold page (and per quest page) */
 #define TR_KV_PAGE 16
 
@@ -68,6 +88,7 @@ typedef struct tr_kv_params {
     int32_t n_threads;    /* most threads of a pool passed to attend (per-thread scratch); 0: the
                              online CPUs; a bigger pool works, its extra threads stay idle */
     int32_t io_threads;   /* parallel storage reads of the cold pool; 0: 64 */
+    tr_kv_bkp bkp;        /* hot/cold placement (tiered with a cold pool; default OFF) */
 } tr_kv_params;
 
 typedef struct tr_kv_shape {
@@ -136,6 +157,12 @@ typedef struct tr_kv_stats {
     uint64_t io_ns;             /* time attend waited for storage reads, cumulative (in attn_ns) */
     uint64_t read_ops;          /* storage reads issued, cumulative */
     uint64_t evicted;           /* h2o: tokens evicted, summed over layers */
+    /* placement, cumulative, summed over layers */
+    uint64_t promotions, demotions; /* cold -> hot, hot -> cold moves */
+    uint64_t pingpong;              /* moves reversing one made within TR_KV_PINGPONG_W steps */
+    uint64_t migrated_bytes;        /* bytes copied into the hot pool by promotions (a demotion
+                                       copies nothing: the cold copy is written through) */
+    uint64_t sel_hot, sel_cold;     /* selected (non-forced) tokens found hot / read cold */
 } tr_kv_stats;
 void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);
 

@@ -228,7 +228,8 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
                              const int32_t *pos, const float *q, size_t q_stride, float scale,
                              const float *sinks, int32_t swa, float *out, size_t out_stride,
                              const int32_t *T, int32_t nT, const uint8_t *skip, bool keep,
-                             tr_error *err) {
+                             bool promote, tr_error *err) {
+    tr_kv_layer *L = &kv->layers[layer];
     for (int32_t r = 0; r < rows; r++) {
         kv->vlo[r] = lower_bound(T, nT, tr_kv_visible_lo(pos[r], swa));
         kv->vhi[r] = lower_bound(T, nT, pos[r] + 1);
@@ -248,6 +249,7 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
     if (nT <= kv->ws_cap) {
         tr_kv_gather_start(kv, 0, layer, T, nT, 0);
         if ((st = tr_kv_gather_wait(kv, 0, err))) return st;
+        if (promote) tr_kv_bkp_promote(kv, L, T, 0, nT, skip, 0);
         j.c0 = 0;
         j.c1 = nT;
         j.slot0 = 0;
@@ -268,6 +270,7 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
             tr_kv_gather_wait(kv, (c + 1) % 2, NULL); /* its reads target the working set */
             return st;
         }
+        if (promote) tr_kv_bkp_promote(kv, L, T, c0, c1, skip, (c % 2) * half);
         j.c0 = c0;
         j.c1 = c1;
         j.slot0 = (c % 2) * half;
@@ -352,13 +355,15 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                 if (L->tok[t].where != TR_KV_TOK_EVICTED) kv->sel[nT++] = t;
             st = attend_list(kv, pool, layer, nr, pos + r0, q + (size_t)r0 * q_stride, q_stride,
                              scale, sinks, swa, out + (size_t)r0 * out_stride, out_stride, kv->sel,
-                             nT, NULL, false, err);
+                             nT, NULL, false, false, err);
             for (int32_t r = 0; r < nr; r++) selected += (uint64_t)(kv->vhi[r] - kv->vlo[r]);
         }
     } else {
         /* each row is one decode step: its own selection; h2o evicts after each */
         for (int32_t r = 0; r < rows && !st; r++) {
             const float *qr = q + (size_t)r * q_stride;
+            if (L->moved) tr_kv_bkp_step(kv, L);
+            if (pos[r] > L->att_hi) L->att_hi = pos[r];
             const uint64_t ts = tr_io_now_ns();
             int32_t n = 0;
             st = tr_kv_select_row(kv, pool, layer, pos[r], qr, scale, swa, &n, err);
@@ -372,7 +377,7 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
             }
             st = attend_list(kv, pool, layer, 1, pos + r, qr, q_stride, scale, sinks, swa,
                              out + (size_t)r * out_stride, out_stride, T, nT,
-                             nT > n ? kv->skip : NULL, pol == TR_KV_H2O, err);
+                             nT > n ? kv->skip : NULL, pol == TR_KV_H2O, L->moved != NULL, err);
             if (st) break;
             selected += (uint64_t)n;
             if (pol == TR_KV_H2O) {

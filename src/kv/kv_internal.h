@@ -72,6 +72,10 @@ typedef struct tr_kv_layer {
     bool calibrated;       /* eq came from the first page (else all ones) */
     uint16_t *pmin, *pmax; /* quest: [n_kv][n_pages][hdk] F16 per-channel key bounds per page */
     float *mass;           /* h2o: [n_ctx] accumulated attention probability (sum over heads) */
+    uint32_t *moved;       /* BKP: [n_ctx] (step << 1 | 1 promoted / 0 demoted) of the last
+                              move, 0 never moved */
+    uint32_t step;         /* decode steps (selective rows) of this layer, from 1 */
+    int32_t att_hi;        /* BKP: the highest position a row has attended from, -1 none */
     int fd;                /* segment file, -1 without a cold pool */
     uint64_t selected;     /* tokens attended at this layer's last attend call (all rows) */
 } tr_kv_layer;
@@ -142,8 +146,14 @@ struct tr_kv {
     float *hz;          /* tiered: [n_head] per-head softmax max and sum (normalised aggregation) */
     int32_t *vlo, *vhi; /* [ROW_BLOCK] each row's visible range within the gathered list */
     uint8_t *skip;      /* [n_ctx] entries of the gathered list read only to join reads */
+    /* BKP scratch: [hot_slots] */
+    int32_t *bkp_pos;
+    float *bkp_key;
+    int32_t *bkp_idx;
+    int32_t *bkp_cand; /* [ws_cap] promotion candidates: index into the gathered list */
     /* stats */
     uint64_t bytes_read, score_ns, attn_ns, io_ns, steps, read_ops;
+    uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
     uint64_t pool_reads; /* reads done by the I/O workers (fault injection counts them) */
     /* test hooks: the n-th page write fails with fault_errno (0 = off) */
     uint64_t fault_write_at, n_writes;
@@ -163,6 +173,16 @@ void tr_kv_run(tr_pool *pool, tr_pool_fn fn, void *ctx, uint64_t work);
 tr_status tr_kv_append_rec(tr_kv *kv, int32_t layer, const uint8_t *rec, tr_error *err);
 void tr_kv_drop_hot(tr_kv *kv, tr_kv_layer *L, int32_t pos);
 int32_t tr_kv_visible_lo(int32_t pos, int32_t swa);
+
+/* ---- kv_bkp.c: placement between the pools ---- */
+/* a free hot slot for an append: demote by the placement policy; false if nothing can go */
+bool tr_kv_make_room(tr_kv *kv, tr_kv_layer *L);
+/* one decode step of a layer begins: step count, hit decay */
+void tr_kv_bkp_step(tr_kv *kv, tr_kv_layer *L);
+/* after the gather of list entries [c0, c1) (in working-set slots slot0 + i - c0): promote the
+ * cold ones the policy wants hot, copying their verified records from the working set */
+void tr_kv_bkp_promote(tr_kv *kv, tr_kv_layer *L, const int32_t *T, int32_t c0, int32_t c1,
+                       const uint8_t *skip, int32_t slot0);
 
 /* ---- kv_cold.c: segment files, page format, hashes, reads ---- */
 uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed);

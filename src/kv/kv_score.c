@@ -405,7 +405,13 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         if (all || forced || mark[t]) {
             sel[n++] = t;
             mark[t] = 0;
+            if (forced) continue;
+            /* a hit is a choice of the selection: the sinks and the window are attended anyway */
             if (L->tok[t].hits < UINT16_MAX) L->tok[t].hits++;
+            if (L->tok[t].where == TR_KV_TOK_HOT)
+                kv->sel_hot++;
+            else
+                kv->sel_cold++;
         }
     }
     *n_sel = n;

@@ -41,6 +41,7 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     kp.hot_bytes = p->kv_hot_bytes;
     kp.cold_dir = p->kv_cold_dir;
     kp.keep = p->kv_keep;
+    if (p->kv_bkp && tr_kv_bkp_parse(p->kv_bkp, &kp.bkp, err)) return TR_E_ARG;
     for (int32_t l = 0; l < hp->n_layer; l++)
         if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
             return tr_fail(err, TR_E_UNSUPPORTED,
@@ -68,6 +69,12 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->bytes_read = st.bytes_read;
     out->score_ms = (double)st.score_ns / 1e6;
     out->attn_ms = (double)st.attn_ns / 1e6;
+    out->promotions = st.promotions;
+    out->demotions = st.demotions;
+    out->pingpong = st.pingpong;
+    out->migrated_bytes = st.migrated_bytes;
+    out->sel_hot = st.sel_hot;
+    out->sel_cold = st.sel_cold;
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */
