@@ -39,7 +39,7 @@ CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 .PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
         format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
 
-all: $(BUILD)/terrace
+all: $(BUILD)/terrace $(BUILD)/terrace-storaged
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -51,6 +51,10 @@ $(BUILD)/libterrace.a: $(LIB_OBJ)
 
 $(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
 	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libterrace.a $(CLI_LIBS) $(LDLIBS)
+
+# the KV cache's storage agent, a process of its own (src/kv/csd.h)
+$(BUILD)/terrace-storaged: $(BUILD)/src/agent/storaged.o $(BUILD)/libterrace.a
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
 
 # ---- tests --------------------------------------------------------------------------------------
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -67,7 +71,7 @@ test: deps
 	@$(MAKE) --no-print-directory WERROR=1 all $(TEST_BIN)
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/asan \
 	    OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-	    build/asan/terrace $(TEST_BIN:build/%=build/asan/%)
+	    build/asan/terrace build/asan/terrace-storaged $(TEST_BIN:build/%=build/asan/%)
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
 	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache
 	@$(MAKE) --no-print-directory cross-aarch64

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -440,7 +441,12 @@ static void test_selection(void) {
                     int32_t nall = nc;
                     for (int32_t t = lo; t <= pos; t++)
                         if (want[t]) cand[nall++] = t;
-                    tr_kv_score_tokens(kv, NULL, l, q, 0.125f, cand, nall, kv->agg, sc);
+                    /* group A: the candidates on storage (see tr_kv_score_tokens) */
+                    int32_t na = 0;
+                    const int32_t written =
+                        kv->cold ? kv->layers[l].pages_written * TR_KV_PAGE : 0;
+                    while (na < nc && cand[na] < written) na++;
+                    tr_kv_score_tokens(kv, NULL, l, q, 0.125f, cand, nall, na, kv->agg, sc);
                     for (int32_t i = 0; i < nc && k < nc; i++) {
                         int32_t above = 0; /* rank by counting: brute force */
                         for (int32_t j = 0; j < nc; j++) above += sc[j] > sc[i];
@@ -615,7 +621,7 @@ static void test_recall(void) {
                     for (int b = 0; b < 2; b++)
                         for (int e = 0; e < 3; e++) {
                             if (!kvs[b][e]) continue;
-                            tr_kv_score_tokens(kvs[b][e], g_pool, 0, q, (float)scale, cand, N,
+                            tr_kv_score_tokens(kvs[b][e], g_pool, 0, q, (float)scale, cand, N, 0,
                                                (tr_kv_agg)agg, sc);
                             for (int32_t t = 0; t < N; t++) idx[t] = t;
                             tr_kv_topk(sc, idx, N, k);
@@ -1354,6 +1360,135 @@ out:
     data_free(&d);
 }
 
+/* ---- the storage agent ---------------------------------------------------------------------------
+ * The same decode run through host scoring and through terrace-storaged (tiered, most tokens
+ * cold; with the default working set and with one that forces chunks): every selection and every
+ * output bit-identical, the agent's rows and scores counted. Then the failures: a corrupted
+ * record and a corrupted key copy on storage (the agent reports them; the step fails naming
+ * them), and the agent killed mid-run (the next step fails within a second). */
+static void test_csd(void) {
+    const shp s = {"GQA", 2, 480, 8, 2, 64, 64};
+    enum { N0 = 200, NK = 4 };
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 91, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    const uint64_t rec = (uint64_t)s.nkv * (uint64_t)(s.hdk + s.hdv) * 2;
+    tr_kv *kv[NK] = {0};
+    tr_kv_params p[NK];
+    for (int i = 0; i < NK; i++) {
+        p[i] = params(TR_KV_TIERED, 0.15f);
+        p[i].hot_bytes = hot_min(&s, &p[i]) + (uint64_t)s.nl * 32 * rec;
+        p[i].cold_dir = g_tmp;
+        p[i].csd = i % 2 == 1;
+        p[i].csd_chunk = 64; /* several chunks and score blocks per step */
+        p[i].bkp = i < 2 ? TR_KV_BKP_OFF : TR_KV_BKP_ON;
+        if (i >= 2) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
+        kv[i] = mk(&s, &p[i]);
+        if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
+    }
+    {
+        float *q = malloc(sizeof(float) * qn), *o[NK];
+        for (int i = 0; i < NK; i++) o[i] = malloc(sizeof(float) * on);
+        int32_t *sel0 = malloc(sizeof(int32_t) * (size_t)s.nctx);
+        const float scale = 1.0f / sqrtf((float)s.hdk);
+        tr_error err = {0};
+        int differ = 0, seldiff = 0, failed = 0;
+        for (int32_t pos = N0; pos < s.nctx && !failed; pos++)
+            for (int32_t l = 0; l < s.nl && !failed; l++) {
+                query_make(q, &s, pos, 900 + (uint64_t)((pos * 3) % 7) + 10 * (uint64_t)l, false);
+                for (int i = 0; i < NK; i++) {
+                    if (tr_kv_append(kv[i], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err) ||
+                        tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i],
+                                          on, &err)) {
+                        TU_CHECK(0, "csd run %d, step %d: %s", i, pos, err.msg);
+                        failed = 1;
+                        break;
+                    }
+                    if (i % 2 == 0) memcpy(sel0, kv[i]->sel, sizeof(int32_t) * (size_t)s.nctx);
+                    else
+                        seldiff += memcmp(sel0, kv[i]->sel, sizeof(int32_t) * (size_t)(pos + 1)) != 0;
+                }
+                if (failed) break;
+                differ += memcmp(o[0], o[1], on * sizeof(float)) != 0;
+                differ += memcmp(o[2], o[3], on * sizeof(float)) != 0;
+            }
+        TU_CHECK(!failed && differ == 0 && seldiff == 0,
+                 "agent vs host scoring: %d outputs and %d selections differ", differ, seldiff);
+        tr_kv_stats st[NK];
+        for (int i = 0; i < NK; i++) tr_kv_get_stats(kv[i], &st[i]);
+        for (int i = 1; i < NK; i += 2) {
+            TU_CHECK(st[i].csd_row_bytes == st[i].bytes_read && st[i].bytes_read > 0 &&
+                         st[i].csd_score_bytes > 0 && st[i].csd_storage_bytes > st[i].bytes_read,
+                     "agent counters: rows %llu (host read %llu), scores %llu, storage %llu",
+                     (unsigned long long)st[i].csd_row_bytes, (unsigned long long)st[i].bytes_read,
+                     (unsigned long long)st[i].csd_score_bytes,
+                     (unsigned long long)st[i].csd_storage_bytes);
+            TU_CHECK(st[i].bytes_read == st[i - 1].bytes_read, "rows: agent %llu, host %llu",
+                     (unsigned long long)st[i].bytes_read, (unsigned long long)st[i - 1].bytes_read);
+        }
+        printf("storage agent: %d steps, selections and outputs identical to host scoring "
+               "(plain and chunked + BKP); agent -> host: scores %.1f KiB, rows %.1f KiB; agent "
+               "read %.1f KiB from storage, its memory %.1f KiB\n",
+               (s.nctx - N0) * s.nl, (double)st[1].csd_score_bytes / 1024,
+               (double)st[1].csd_row_bytes / 1024, (double)st[1].csd_storage_bytes / 1024,
+               (double)st[1].csd_mem_bytes / 1024);
+
+        /* failures, on a fresh short run of cache 1's configuration */
+        for (int f = 0; f < 3; f++) {
+            tr_kv_params pf = p[1];
+            tr_kv *k = mk(&s, &pf);
+            if (!k || !fill(k, &d, 0, N0)) {
+                tr_kv_free(k);
+                break;
+            }
+            /* flip a byte in every record of pages 1-10 (f 0: a selection reads some of them) or
+             * in page 2's key copy (f 1: every scoring reads it) */
+            for (int32_t pg = f ? 2 : 1; f < 2 && pg <= (f ? 2 : 10); pg++)
+                for (int32_t t = 0; t < (f ? 1 : TR_KV_PAGE); t++) {
+                    int fd = dup(k->layers[1].fd);
+                    int fl = fcntl(fd, F_GETFL);
+                    const uint64_t off = tr_kv_page_offset(k, pg) +
+                                         (f ? k->page_qoff + 5 : (uint64_t)t * k->rec + 7);
+                    uint8_t blk[4096] __attribute__((aligned(4096)));
+                    const uint64_t a0 = off / 4096 * 4096;
+                    if (fl & O_DIRECT) fcntl(fd, F_SETFL, fl & ~O_DIRECT);
+                    if (pread(fd, blk, 4096, (off_t)a0) > 0) {
+                        blk[off - a0] ^= 0x40;
+                        if (pwrite(fd, blk, 4096, (off_t)a0) < 0) perror("pwrite");
+                    }
+                    close(fd);
+                }
+            const pid_t pid = tr_kv_csd_pid(k);
+            if (f == 2) kill(pid, SIGKILL);
+            const uint64_t t0 = tr_io_now_ns();
+            tr_status fst = TR_OK;
+            for (int32_t pos = N0; pos < N0 + 40 && !fst; pos++)
+                for (int32_t l = 0; l < s.nl && !fst; l++) {
+                    query_make(q, &s, pos, 77 + (uint64_t)pos, false);
+                    fst = tr_kv_append(k, l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
+                    if (!fst)
+                        fst = tr_kv_attend_rows(k, g_pool, l, 1, &pos, q, qn, scale, NULL, 0,
+                                                o[0], on, &err);
+                }
+            const double ms = (double)(tr_io_now_ns() - t0) / 1e6;
+            const char *want = f == 0 ? "checksum mismatch in layer 1"
+                               : f == 1 ? "checksum mismatch in the key copy of layer 1"
+                                        : "killed by signal 9";
+            TU_CHECK(fst != TR_OK && strstr(err.msg, want), "agent fault %d: status %d, '%s'", f,
+                     (int)fst, err.msg);
+            if (f == 2) TU_CHECK(ms < 1000.0, "agent death noticed after %.0f ms", ms);
+            printf("storage agent fault %d: %s (%.0f ms)\n", f, err.msg, ms);
+            tr_kv_free(k);
+        }
+        free(q);
+        for (int i = 0; i < NK; i++) free(o[i]);
+        free(sel0);
+    }
+out:
+    for (int i = 0; i < NK; i++) tr_kv_free(kv[i]);
+    data_free(&d);
+}
+
 int main(void) {
     tr_error err = {0};
     if (tr_pool_create(2, &g_pool, &err)) {
@@ -1375,6 +1510,7 @@ int main(void) {
     test_save_restore();
     test_faults();
     test_bkp();
+    test_csd();
     rmdir(g_tmp);
     tr_pool_free(g_pool);
     return tu_result("test_kv");

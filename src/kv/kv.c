@@ -81,6 +81,14 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (p->bkp != TR_KV_BKP_OFF && p->policy != TR_KV_TIERED)
         return tr_fail(err, TR_E_ARG, "--kv-bkp %s needs --kv-policy tiered (policy %s)",
                        tr_kv_bkp_name(p->bkp), tr_kv_policy_name(p->policy));
+    if (p->csd && p->policy != TR_KV_TIERED)
+        return tr_fail(err, TR_E_ARG, "--csd (the storage agent) needs --kv-policy tiered (policy "
+                       "%s)", tr_kv_policy_name(p->policy));
+    if (p->csd_chunk < 0 || p->csd_chunk > (1 << 20) || p->csd_gbps < 0 || p->csd_gflops < 0 ||
+        p->csd_link_gbps < 0)
+        return tr_fail(err, TR_E_ARG, "--csd-chunk %d / --csd-gbps %g / --csd-gflops %g / "
+                       "--csd-link-gbps %g: must be >= 0", p->csd_chunk, p->csd_gbps,
+                       p->csd_gflops, p->csd_link_gbps);
     if (p->score_bits != 8 && p->score_bits != 4)
         return tr_fail(err, TR_E_ARG, "--kv-score-bits %d: 8 or 4", p->score_bits);
     if (p->n_threads < 0 || p->n_threads > 4096 || p->io_threads < 0 || p->io_threads > 256)
@@ -169,6 +177,8 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (o->cold) d += L * n_ctx * 8 + o->page_bytes;  /* record hashes, page buffer */
     if (o->cold && p->bkp != TR_KV_BKP_OFF) /* last moves; victims, candidates */
         d += L * n_ctx * 4 + slots * 12 + ws * 4;
+    if (o->cold && p->csd) /* the shared region holds the working set (counted above) */
+        d += tr_kv_csd_region_bytes(s, ws, o->q8row, rec) - ws * rec + nh * 16;
     if (tiered) d += L * nkv * (n_ctx * o->qrow + (uint64_t)o->hdk_pad * 4);
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
     if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;     /* masses, the row's scores per head */
@@ -227,6 +237,7 @@ static void *kv_alloc(size_t n, size_t align, uint64_t *total) {
 
 void tr_kv_free(tr_kv *kv) {
     if (!kv) return;
+    tr_kv_csd_stop(kv); /* the agent reads the segment files: it goes first */
     tr_kv_io_free(kv);
     tr_kv_cold_close(kv);
     if (kv->layers) {
@@ -265,6 +276,9 @@ void tr_kv_free(tr_kv *kv) {
     free(kv->vlo);
     free(kv->vhi);
     free(kv->skip);
+    free(kv->csd_m);
+    free(kv->csd_c);
+    free(kv->csd_z);
     free(kv->bkp_pos);
     free(kv->bkp_key);
     free(kv->bkp_idx);
@@ -400,7 +414,17 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
                        (unsigned long long)pl.dram);
     }
 
-    ALLOC(kv->ws, (size_t)pl.ws_cap * pl.rec, 4096);
+    const bool csd = pl.cold && params->csd;
+    kv->csd = csd;
+    kv->csd_fd = -1;
+    kv->csd_chunk = params->csd_chunk ? (params->csd_chunk + TR_KV_PAGE - 1) / TR_KV_PAGE * TR_KV_PAGE
+                                      : 1024;
+    if (!csd) ALLOC(kv->ws, (size_t)pl.ws_cap * pl.rec, 4096); /* else in the shared region */
+    if (csd) {
+        ALLOC(kv->csd_m, nh * 4, 0);
+        ALLOC(kv->csd_c, nh * 8, 0);
+        ALLOC(kv->csd_z, nh * 8, 0);
+    }
     if (pl.cold) ALLOC(kv->pagebuf, pl.page_bytes, 4096);
     ALLOC(kv->rec_tmp, pl.rec, 4096);
     ALLOC(kv->sel, n_ctx * 4, 0);
@@ -433,6 +457,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     if (pl.cold) {
         st = tr_kv_cold_open(kv, err);
         if (!st) st = tr_kv_io_init(kv, err);
+        if (!st && csd) st = tr_kv_csd_start(kv, err);
         if (st) {
             tr_kv_free(kv);
             return st;
@@ -575,4 +600,6 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->migrated_bytes = kv->migrated_bytes;
     o->sel_hot = kv->sel_hot;
     o->sel_cold = kv->sel_cold;
+    tr_kv_csd_counters(kv, &o->csd_score_bytes, &o->csd_row_bytes, &o->csd_storage_bytes,
+                       &o->csd_busy_ns, &o->csd_mem_bytes);
 }

@@ -89,6 +89,13 @@ typedef struct tr_kv_params {
                              online CPUs; a bigger pool works, its extra threads stay idle */
     int32_t io_threads;   /* parallel storage reads of the cold pool; 0: 64 */
     tr_kv_bkp bkp;        /* hot/cold placement (tiered with a cold pool; default OFF) */
+    /* the storage agent (tiered with a cold pool): terrace-storaged scores the tokens whose pages
+     * are on storage and returns the selected rows (see csd.h) */
+    bool csd;
+    int32_t csd_chunk;    /* tokens per scoring chunk and score block; 0: 1024 */
+    double csd_gbps, csd_gflops, csd_link_gbps; /* throttles; 0: none */
+    const char *csd_bin;  /* the agent's executable; NULL: $TERRACE_STORAGED, else next to the
+                             running program (or one directory up) */
 } tr_kv_params;
 
 typedef struct tr_kv_shape {
@@ -163,6 +170,9 @@ typedef struct tr_kv_stats {
     uint64_t migrated_bytes;        /* bytes copied into the hot pool by promotions (a demotion
                                        copies nothing: the cold copy is written through) */
     uint64_t sel_hot, sel_cold;     /* selected (non-forced) tokens found hot / read cold */
+    /* the storage agent, cumulative: bytes agent -> host as scores and as K/V rows, bytes it
+     * read from storage, its busy time, its own memory */
+    uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes, csd_busy_ns, csd_mem_bytes;
 } tr_kv_stats;
 void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);
 

@@ -489,7 +489,9 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
     G->bytes = 0;
     /* cold runs first, so the reads are in flight while the hot records are copied; a run is
      * consecutive positions within one page (the key copy and trailer sit between pages) */
-    if (kv->cold) {
+    if (kv->cold && kv->csd) {
+        tr_kv_csd_rows_start(kv, which, layer, sel, n, slot0);
+    } else if (kv->cold) {
         for (int32_t i = 0; i < n;) {
             const int32_t pos = sel[i];
             if (L->tok[pos].where != TR_KV_TOK_COLD) {
@@ -515,8 +517,8 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
             i = j;
         }
     }
-    G->pending = G->n_jobs;
-    if (G->n_jobs) tr_io_pool_submit(kv->io, &G->jobs[0], &G->jobs[G->n_jobs - 1]);
+    G->pending = kv->csd ? 0 : G->n_jobs;
+    if (G->n_jobs && !kv->csd) tr_io_pool_submit(kv->io, &G->jobs[0], &G->jobs[G->n_jobs - 1]);
     for (int32_t i = 0; i < n; i++) {
         const tr_kv_tok *t = &L->tok[sel[i]];
         if (t->where == TR_KV_TOK_HOT)
@@ -525,6 +527,7 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
 }
 
 tr_status tr_kv_gather_wait(tr_kv *kv, int which, tr_error *err) {
+    if (kv->csd) return tr_kv_csd_rows_wait(kv, which, err);
     tr_kv_gather *G = &kv->gath[which];
     if (!G->n_jobs) return TR_OK;
     const uint64_t t0 = tr_io_now_ns();

@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -93,6 +94,7 @@ typedef struct tr_kv_gather {
     bool failed;
     char err_msg[4608];
     uint64_t bytes;
+    uint64_t csd_seq; /* the storage agent's request for this gather */
 } tr_kv_gather;
 
 struct tr_kv {
@@ -146,6 +148,16 @@ struct tr_kv {
     float *hz;          /* tiered: [n_head] per-head softmax max and sum (normalised aggregation) */
     int32_t *vlo, *vhi; /* [ROW_BLOCK] each row's visible range within the gathered list */
     uint8_t *skip;      /* [n_ctx] entries of the gathered list read only to join reads */
+    /* the storage agent */
+    bool csd;
+    int32_t csd_chunk;
+    struct tr_csd_ctl *csd_ctl; /* the shared region (the working set lives in it) */
+    size_t csd_bytes;
+    int csd_fd;
+    pid_t csd_pid;
+    char csd_dead[512]; /* why the agent is gone; empty while it runs */
+    float *csd_m, *csd_c; /* [n_head] group B max; [2][n_head] factors */
+    double *csd_z;        /* [n_head] group B sum */
     /* BKP scratch: [hot_slots] */
     int32_t *bkp_pos;
     float *bkp_key;
@@ -184,6 +196,22 @@ void tr_kv_bkp_step(tr_kv *kv, tr_kv_layer *L);
 void tr_kv_bkp_promote(tr_kv *kv, tr_kv_layer *L, const int32_t *T, int32_t c0, int32_t c1,
                        const uint8_t *skip, int32_t slot0);
 
+/* ---- csd_host.c: the storage agent ---- */
+uint64_t tr_kv_csd_region_bytes(const tr_kv_shape *s, uint64_t ws_cap, uint64_t q8row,
+                                uint64_t rec);
+tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err);
+void tr_kv_csd_stop(tr_kv *kv);
+pid_t tr_kv_csd_pid(const tr_kv *kv);
+void tr_kv_csd_counters(const tr_kv *kv, uint64_t *scores, uint64_t *rows, uint64_t *storage,
+                        uint64_t *busy_ns, uint64_t *mem);
+/* tiered scoring with the agent: cand[0, n_a) (a range of positions on storage) by the agent,
+ * the rest by the host meanwhile; the same scores as tr_kv_score_tokens */
+tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
+                          const int32_t *cand, int32_t n, int32_t n_a, float *out, tr_error *err);
+void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
+                          int32_t slot0);
+tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err);
+
 /* ---- kv_cold.c: segment files, page format, hashes, reads ---- */
 uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed);
 typedef struct tr_kv_hasher {
@@ -220,9 +248,24 @@ void tr_kv_quest_update(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *r
 tr_status tr_kv_quest_rebuild_page(tr_kv *kv, int32_t layer, int32_t page, tr_error *err);
 /* Aggregated low-precision scores of positions cand[0..n) for the query row q ([n_head][hdk]);
  * prepares the quantized query itself. scale: the attention's score scale (the normalised
- * aggregations take each head's softmax of scale * q.k). */
+ * aggregations take each head's softmax of scale * q.k). PSUM: entries [0, n_a) are group A
+ * (what the storage agent scores when there is one), the rest group B; each group's softmax
+ * statistics are computed separately and merged (tr_kv_group_*), so that the host alone and the
+ * host with the agent compute the same scores bit for bit. */
 void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
-                        const int32_t *cand, int32_t n, tr_kv_agg agg, float *out);
+                        const int32_t *cand, int32_t n, int32_t n_a, tr_kv_agg agg, float *out);
+/* the pieces: the query quantized into kv->q8; per-head scaled scores of cand[i0..i1) into
+ * kv->hs rows of `stride`; a group's max and sum of exp (scores replaced by the exponentials);
+ * two groups' statistics merged into per-head factors; a group's scores out[i] = sum over heads
+ * of hs[h][i] * c[h * c_stride], heads in order */
+void tr_kv_prepare_query(tr_kv *kv, int32_t layer, const float *q);
+void tr_kv_score_heads(tr_kv *kv, tr_pool *pool, int32_t layer, const int32_t *cand, int32_t i0,
+                       int32_t i1, size_t stride, float scale);
+void tr_kv_group_stats(float *hs, int32_t n, float *m, double *z);
+void tr_kv_group_merge(int32_t nh, const float *m_a, const double *z_a, const float *m_b,
+                       const double *z_b, float *c_a, float *c_b);
+void tr_kv_group_score(const float *hs, size_t stride, int32_t nh, const float *c, size_t c_stride,
+                       int32_t i0, int32_t i1, float *out);
 /* quest: upper bound of one head's q.k over one page (q as F16-rounded floats) */
 float tr_kv_quest_bound(const tr_kv *kv, int32_t layer, int32_t page, int32_t kvh,
                         const float *q16);

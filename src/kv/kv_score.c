@@ -149,15 +149,17 @@ typedef struct score_job {
     tr_kv *kv;
     const tr_kv_layer *L;
     const int32_t *cand;
-    int32_t n;
+    int32_t i0, n;  /* entries [i0, n) of cand */
+    int32_t n_a;    /* PSUM: entries [0, n_a) form group A, the rest group B */
+    size_t stride;  /* of kv->hs rows */
     tr_kv_agg agg;
     float scale;
     float *out;
     atomic_int_fast64_t next;
 } score_job;
 
-/* q.k of every candidate and query head: aggregated into out (MAX, SUM), or kept per head in
- * kv->hs (PMAX, PSUM) */
+/* q.k of candidates [i0, n) and every query head: aggregated into out (MAX, SUM), or kept per
+ * head in kv->hs (PMAX, PSUM) */
 static void score_task(void *ctx, int ith, int nth) {
     (void)ith;
     (void)nth;
@@ -168,13 +170,15 @@ static void score_task(void *ctx, int ith, int nth) {
     const bool mx = j->agg == TR_KV_AGG_MAX, per_head = j->agg >= TR_KV_AGG_PMAX;
     int64_t b, e;
     /* per chunk of tokens, one KV head at a time: each head's copy is read as one stream */
-    while (tr_claim(&j->next, j->n, 256, &b, &e)) {
+    while (tr_claim(&j->next, j->n - j->i0, 256, &b, &e)) {
+        b += j->i0;
+        e += j->i0;
         if (!per_head)
             for (int64_t i = b; i < e; i++) j->out[i] = mx ? -INFINITY : 0.0f;
         for (int32_t g = 0; g < nkv; g++)
             for (int32_t h = g * G; h < (g + 1) * G; h++) {
                 const uint8_t *q8 = kv->q8 + (size_t)h * kv->q8row;
-                float *hs = per_head ? kv->hs + (size_t)h * (size_t)j->n : NULL;
+                float *hs = per_head ? kv->hs + (size_t)h * j->stride : NULL;
                 for (int64_t i = b; i < e; i++) {
                     float v;
                     dot(pad, &v, qk_row(kv, j->L, (size_t)g, j->cand[i]), q8);
@@ -187,8 +191,44 @@ static void score_task(void *ctx, int ith, int nth) {
     }
 }
 
-/* normalised aggregation, step 1, per head: the max of its scores and, for PSUM, the sum of
- * exp(score - max), the scores replaced by those exponentials */
+void tr_kv_group_stats(float *hs, int32_t n, float *m, double *z) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++) mx = fmaxf(mx, hs[i]);
+    double s = 0.0;
+    if (mx > -INFINITY)
+        for (int32_t i = 0; i < n; i++) {
+            hs[i] = expf(hs[i] - mx);
+            s += (double)hs[i];
+        }
+    *m = mx;
+    *z = s;
+}
+
+void tr_kv_group_merge(int32_t nh, const float *m_a, const double *z_a, const float *m_b,
+                       const double *z_b, float *c_a, float *c_b) {
+    for (int32_t h = 0; h < nh; h++) {
+        const float M = fmaxf(m_a[h], m_b[h]);
+        const double ea = z_a[h] > 0.0 ? exp((double)m_a[h] - (double)M) : 0.0;
+        const double eb = z_b[h] > 0.0 ? exp((double)m_b[h] - (double)M) : 0.0;
+        const double Z = z_a[h] * ea + z_b[h] * eb;
+        c_a[h] = Z > 0.0 ? (float)(ea / Z) : 0.0f;
+        c_b[h] = Z > 0.0 ? (float)(eb / Z) : 0.0f;
+    }
+}
+
+void tr_kv_group_score(const float *hs, size_t stride, int32_t nh, const float *c, size_t c_stride,
+                       int32_t i0, int32_t i1, float *out) {
+    for (int32_t i = i0; i < i1; i++) out[i] = 0.0f;
+    for (int32_t h = 0; h < nh; h++) {
+        const float *r = hs + (size_t)h * stride;
+        const float ch = c[(size_t)h * c_stride];
+        for (int32_t i = i0; i < i1; i++) out[i] += r[i] * ch;
+    }
+}
+
+/* normalised aggregation, step 1, per head. PSUM: each group's max and sum of exp(score - max)
+ * (the scores replaced by those exponentials), merged into the factor that turns a group's
+ * exponentials into shares of the head's attention (kv->hz: c_a, c_b per head). PMAX: the max. */
 static void norm_task(void *ctx, int ith, int nth) {
     (void)ith;
     (void)nth;
@@ -197,42 +237,52 @@ static void norm_task(void *ctx, int ith, int nth) {
     int64_t b, e;
     while (tr_claim(&j->next, kv->shape.n_head, 1, &b, &e))
         for (int64_t h = b; h < e; h++) {
-            float *hs = kv->hs + (size_t)h * (size_t)j->n, m = -INFINITY;
-            for (int32_t i = 0; i < j->n; i++) m = fmaxf(m, hs[i]);
-            double z = 0.0;
-            if (j->agg == TR_KV_AGG_PSUM)
-                for (int32_t i = 0; i < j->n; i++) {
-                    hs[i] = expf(hs[i] - m);
-                    z += hs[i];
-                }
-            kv->hz[2 * h] = m;
-            kv->hz[2 * h + 1] = z > 0.0 ? (float)(1.0 / z) : 0.0f;
+            float *hs = kv->hs + (size_t)h * j->stride;
+            if (j->agg == TR_KV_AGG_PSUM) {
+                float ma, mb;
+                double za, zb;
+                tr_kv_group_stats(hs, j->n_a, &ma, &za);
+                tr_kv_group_stats(hs + j->n_a, j->n - j->n_a, &mb, &zb);
+                tr_kv_group_merge(1, &ma, &za, &mb, &zb, &kv->hz[2 * h], &kv->hz[2 * h + 1]);
+            } else {
+                float m = -INFINITY;
+                for (int32_t i = 0; i < j->n; i++) m = fmaxf(m, hs[i]);
+                kv->hz[2 * h] = m;
+            }
         }
 }
 
-/* step 2, per token: the best log-probability relative to each head's peak (PMAX) or the summed
- * probability (PSUM) */
+/* step 2, per token: the summed share of attention (PSUM) or the best log-probability relative
+ * to each head's peak (PMAX) */
 static void agg_task(void *ctx, int ith, int nth) {
     (void)ith;
     (void)nth;
     score_job *j = ctx;
     const tr_kv *kv = j->kv;
     const int32_t nh = kv->shape.n_head;
-    const bool psum = j->agg == TR_KV_AGG_PSUM;
     int64_t b, e;
     while (tr_claim(&j->next, j->n, 1024, &b, &e)) {
-        for (int64_t i = b; i < e; i++) j->out[i] = psum ? 0.0f : -INFINITY;
+        if (j->agg == TR_KV_AGG_PSUM) {
+            /* as the agent computes its group: tr_kv_group_score, head by head */
+            const int64_t ea = e < j->n_a ? e : j->n_a, bb = b > j->n_a ? b : j->n_a;
+            if (b < ea)
+                tr_kv_group_score(kv->hs, j->stride, nh, kv->hz, 2, (int32_t)b, (int32_t)ea,
+                                  j->out);
+            if (bb < e)
+                tr_kv_group_score(kv->hs, j->stride, nh, kv->hz + 1, 2, (int32_t)bb, (int32_t)e,
+                                  j->out);
+            continue;
+        }
+        for (int64_t i = b; i < e; i++) j->out[i] = -INFINITY;
         for (int32_t h = 0; h < nh; h++) {
-            const float *hs = kv->hs + (size_t)h * (size_t)j->n;
-            const float m = kv->hz[2 * h], iz = kv->hz[2 * h + 1];
-            for (int64_t i = b; i < e; i++)
-                j->out[i] = psum ? j->out[i] + hs[i] * iz : fmaxf(j->out[i], hs[i] - m);
+            const float *hs = kv->hs + (size_t)h * j->stride;
+            const float m = kv->hz[2 * h];
+            for (int64_t i = b; i < e; i++) j->out[i] = fmaxf(j->out[i], hs[i] - m);
         }
     }
 }
 
-void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
-                        const int32_t *cand, int32_t n, tr_kv_agg agg, float *out) {
+void tr_kv_prepare_query(tr_kv *kv, int32_t layer, const float *q) {
     const tr_kv_layer *L = &kv->layers[layer];
     const int32_t hdk = kv->shape.head_dim_k, pad = kv->hdk_pad, nh = kv->shape.n_head;
     for (int32_t h = 0; h < nh; h++) {
@@ -242,12 +292,43 @@ void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q,
         for (int32_t c = hdk; c < pad; c++) qf[c] = 0.0f;
         kv->kern->from_float[TR_TYPE_Q8_0](qf, kv->q8 + (size_t)h * kv->q8row, pad);
     }
+}
+
+void tr_kv_score_heads(tr_kv *kv, tr_pool *pool, int32_t layer, const int32_t *cand, int32_t i0,
+                       int32_t i1, size_t stride, float scale) {
+    score_job j = {.kv = kv,
+                   .L = &kv->layers[layer],
+                   .cand = cand,
+                   .i0 = i0,
+                   .n = i1,
+                   .stride = stride,
+                   .agg = TR_KV_AGG_PSUM,
+                   .scale = scale};
+    atomic_init(&j.next, 0);
+    tr_kv_run(pool, score_task, &j,
+              (uint64_t)(i1 - i0) * (uint64_t)kv->shape.n_head * (uint64_t)kv->hdk_pad);
+}
+
+void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
+                        const int32_t *cand, int32_t n, int32_t n_a, tr_kv_agg agg, float *out) {
+    const tr_kv_layer *L = &kv->layers[layer];
+    const int32_t nh = kv->shape.n_head;
+    tr_kv_prepare_query(kv, layer, q);
     if (agg >= TR_KV_AGG_PMAX && !kv->hs) agg = TR_KV_AGG_MAX; /* no per-head buffer */
-    score_job j = {
-        .kv = kv, .L = L, .cand = cand, .n = n, .agg = agg, .scale = scale, .out = out};
+    if (n_a < 0 || n_a > n || agg != TR_KV_AGG_PSUM) n_a = 0;
+    score_job j = {.kv = kv,
+                   .L = L,
+                   .cand = cand,
+                   .i0 = 0,
+                   .n = n,
+                   .n_a = n_a,
+                   .stride = (size_t)n,
+                   .agg = agg,
+                   .scale = scale,
+                   .out = out};
     atomic_init(&j.next, 0);
     const uint64_t work = (uint64_t)n * (uint64_t)nh;
-    tr_kv_run(pool, score_task, &j, work * (uint64_t)pad);
+    tr_kv_run(pool, score_task, &j, work * (uint64_t)kv->hdk_pad);
     if (agg < TR_KV_AGG_PMAX) return;
     atomic_store(&j.next, 0);
     tr_kv_run(pool, norm_task, &j, work * (agg == TR_KV_AGG_PSUM ? 16 : 1));
@@ -359,7 +440,17 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
             for (int32_t t = win_lo > c_lo ? win_lo : c_lo; t <= pos; t++)
                 if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_all++] = t;
         }
-        tr_kv_score_tokens(kv, pool, layer, q, scale, cand, n_all, kv->agg, kv->cscore);
+        /* group A: the candidates whose pages are on storage (a prefix: cand is ascending) */
+        int32_t n_a = 0;
+        const int32_t written = kv->cold ? L->pages_written * TR_KV_PAGE : 0;
+        while (n_a < n_cand && cand[n_a] < written) n_a++;
+        if (kv->csd && n_a > 0) {
+            tr_status st = tr_kv_csd_score(kv, pool, layer, q, scale, cand, n_all, n_a,
+                                           kv->cscore, err);
+            if (st) return st;
+        } else {
+            tr_kv_score_tokens(kv, pool, layer, q, scale, cand, n_all, n_a, kv->agg, kv->cscore);
+        }
         for (int32_t i = 0; i < n_cand; i++) sel[i] = i;
         tr_kv_topk(kv->cscore, sel, n_cand, k);
         for (int32_t i = 0; i < k; i++) mark[cand[sel[i]]] = 1;

@@ -1,0 +1,278 @@
+/*
+ * terrace-storaged: the storage agent of the tiered KV cache (protocol in src/kv/csd.h). Started
+ * by the runtime with the shared region at descriptor 3 and the layers' segment files at 4, 5,
+ * ...; it serves requests one at a time until QUIT or until the runtime goes (PR_SET_PDEATHSIG).
+ *
+ * Memory: its own buffers only, sized at start from the geometry and reported in the region
+ * (mem_bytes): one layer's per-head scores for the context (n_head x n_ctx floats), one chunk's
+ * pages of key copies and trailers, one chunk's aggregated scores.
+ *
+ * Throttles (0: none) emulate a slower device: each chunk of scoring takes at least
+ * max(bytes read / gbps, 2 x head_dim x heads x tokens / gflops), and each block sent to the host
+ * at least its bytes / link_gbps (rows: max of the read and the link).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "experts/io.h"
+#include "kv/csd.h"
+#include "kv/kv_internal.h"
+#include "tensor/kernels.h"
+
+typedef struct agent {
+    tr_csd_ctl *c;
+    uint8_t *base;
+    const tr_kernels *kern;
+    float *hs;      /* [n_head][n_ctx] this request's scores, then exponentials */
+    uint8_t *pbuf;  /* one chunk of pages: key copy + trailer, aligned */
+    size_t pregion; /* bytes of one page's key copy + trailer */
+    float *tmp;     /* [chunk] */
+    int32_t a, b;   /* the range scored last */
+    int32_t layer;
+} agent;
+
+static void pace(uint64_t t0, double seconds) {
+    if (seconds <= 0) return;
+    const uint64_t want = t0 + (uint64_t)(seconds * 1e9), now = tr_io_now_ns();
+    if (want <= now) return;
+    const uint64_t d = want - now;
+    struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
+}
+
+static double rate_time(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0; }
+
+static int fail(tr_csd_req *r, tr_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(tr_csd_req *r, tr_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+    r->status = (int32_t)st;
+    return -1;
+}
+
+/* read one page's key copy and trailer, verify both */
+typedef struct page_trailer_view {
+    char magic[8];
+    uint32_t layer, page, n_tokens, key_copy_bytes;
+    uint64_t rec_hash[TR_KV_PAGE];
+    uint64_t key_copy_hash;
+    uint64_t hash;
+} page_trailer_view;
+
+static int read_keys(agent *g, tr_csd_req *r, int32_t page, uint8_t *dst) {
+    const tr_csd_ctl *c = g->c;
+    const int fd = TR_CSD_FD_LAYER + r->layer;
+    const uint64_t off = c->data_off + (uint64_t)page * c->page_bytes + c->page_qoff;
+    tr_io_job j = {.fd = fd, .direct = c->direct != 0, .offset = off, .len = g->pregion, .dst = dst};
+    j.need = j.len;
+    tr_io_read(&j);
+    atomic_fetch_add(&g->c->bytes_storage, j.got);
+    if (j.err || j.got < j.need)
+        return fail(r, TR_E_IO, "reading the key copy of layer %d, page %d failed: %s", r->layer,
+                    page, j.err ? strerror(j.err) : "short read");
+    page_trailer_view t;
+    memcpy(&t, dst + (c->page_toff - c->page_qoff), sizeof t);
+    const uint64_t kbytes = c->page_toff - c->page_qoff;
+    if (memcmp(t.magic, "TRKVPAGE", 8) || t.layer != (uint32_t)r->layer ||
+        t.page != (uint32_t)page || t.key_copy_bytes != kbytes ||
+        t.hash != tr_kv_hash64(&t, offsetof(page_trailer_view, hash), 0) ||
+        t.key_copy_hash != tr_kv_hash64(dst, kbytes, 0))
+        return fail(r, TR_E_IO,
+                    "checksum mismatch in the key copy of layer %d, page %d: the file was changed "
+                    "or the storage is failing",
+                    r->layer, page);
+    return 0;
+}
+
+static int do_score(agent *g, tr_csd_req *r) {
+    const tr_csd_ctl *c = g->c;
+    const int32_t nh = c->n_head, nkv = c->n_head_kv, G = nh / nkv, pad = c->hdk_pad;
+    const int32_t a = r->a, b = r->b, n = b - a, P = c->page_tokens;
+    if (r->layer < 0 || r->layer >= c->n_layer || a < 0 || b > c->n_ctx || n <= 0)
+        return fail(r, TR_E_ARG, "score request: layer %d, positions [%d, %d)", r->layer, a, b);
+    const tr_vec_dot_fn dot = g->kern->vec_dot[c->qtype];
+    const uint8_t *q8 = g->base + c->off_q8;
+    const int32_t chunk = c->chunk;
+    for (int32_t c0 = a; c0 < b; c0 += chunk) {
+        const uint64_t t0 = tr_io_now_ns();
+        const int32_t c1 = c0 + chunk < b ? c0 + chunk : b;
+        uint64_t bytes = 0;
+        for (int32_t pg = c0 / P; pg <= (c1 - 1) / P; pg++) {
+            if (read_keys(g, r, pg, g->pbuf)) return -1;
+            bytes += g->pregion;
+            const int32_t t_lo = pg * P > c0 ? pg * P : c0;
+            const int32_t t_hi = (pg + 1) * P < c1 ? (pg + 1) * P : c1;
+            for (int32_t kh = 0; kh < nkv; kh++)
+                for (int32_t h = kh * G; h < (kh + 1) * G; h++) {
+                    const uint8_t *qh = q8 + (size_t)h * c->q8row;
+                    float *hs = g->hs + (size_t)h * (size_t)n;
+                    for (int32_t t = t_lo; t < t_hi; t++) {
+                        float v;
+                        const uint8_t *row = g->pbuf + ((size_t)(t % P) * nkv + kh) * c->qrow;
+                        dot(pad, &v, row, qh);
+                        hs[t - a] = v * r->scale;
+                    }
+                }
+        }
+        const double flops = 2.0 * pad * nh * (double)(c1 - c0);
+        pace(t0, fmax(rate_time((double)bytes, c->gbps), c->gflops > 0 ? flops / (c->gflops * 1e9) : 0));
+        atomic_fetch_add(&g->c->busy_ns, tr_io_now_ns() - t0);
+    }
+    float *m = (float *)(g->base + c->off_stats);
+    double *z = (double *)(g->base + c->off_stats + (uint64_t)nh * 4);
+    for (int32_t h = 0; h < nh; h++) tr_kv_group_stats(g->hs + (size_t)h * n, n, &m[h], &z[h]);
+    atomic_fetch_add(&g->c->bytes_scores, (uint64_t)nh * 12);
+    g->a = a;
+    g->b = b;
+    g->layer = r->layer;
+    return 0;
+}
+
+static int do_finish(agent *g, tr_csd_req *r) {
+    tr_csd_ctl *c = g->c;
+    if (r->a != g->a || r->b != g->b || r->layer != g->layer)
+        return fail(r, TR_E_ARG, "finish request for layer %d [%d, %d) after scoring layer %d "
+                    "[%d, %d)", r->layer, r->a, r->b, g->layer, g->a, g->b);
+    const int32_t n = g->b - g->a, nh = c->n_head;
+    const float *cf = (const float *)(g->base + c->off_c);
+    tr_csd_entry *e = (tr_csd_entry *)(g->base + c->off_scores);
+    for (int32_t i0 = 0; i0 < n; i0 += c->chunk) {
+        const uint64_t t0 = tr_io_now_ns();
+        const int32_t i1 = i0 + c->chunk < n ? i0 + c->chunk : n;
+        tr_kv_group_score(g->hs, (size_t)n, nh, cf, 1, i0, i1, g->tmp - i0);
+        for (int32_t i = i0; i < i1; i++)
+            e[i] = (tr_csd_entry){.pos = (uint32_t)(g->a + i), .score = g->tmp[i - i0]};
+        const uint64_t bytes = (uint64_t)(i1 - i0) * sizeof(tr_csd_entry);
+        pace(t0, rate_time((double)bytes, c->link_gbps));
+        atomic_fetch_add(&c->bytes_scores, bytes);
+        atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
+        /* publish the block, then wake the host under the lock (no lost wakeup) */
+        atomic_store(&c->produced, (int64_t)i1);
+        pthread_mutex_lock(&c->mu);
+        pthread_cond_broadcast(&c->to_host);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return 0;
+}
+
+static int do_rows(agent *g, tr_csd_req *r) {
+    tr_csd_ctl *c = g->c;
+    if (r->layer < 0 || r->layer >= c->n_layer || r->which < 0 || r->which > 1 || r->n_runs < 0 ||
+        r->n_runs > c->ws_cap)
+        return fail(r, TR_E_ARG, "rows request: layer %d, %d runs", r->layer, r->n_runs);
+    const tr_csd_run *runs = (const tr_csd_run *)(g->base + c->off_runs[r->which]);
+    const uint64_t *hashes = (const uint64_t *)(g->base + c->off_hashes[r->which]);
+    uint8_t *ws = g->base + c->off_ws;
+    const uint64_t t0 = tr_io_now_ns();
+    uint64_t bytes = 0;
+    for (int32_t i = 0; i < r->n_runs; i++) {
+        const tr_csd_run *u = &runs[i];
+        if (u->n < 1 || u->slot < 0 || u->slot + u->n > c->ws_cap || u->pos < 0 ||
+            u->pos + u->n > c->n_ctx || (u->pos % c->page_tokens) + u->n > c->page_tokens)
+            return fail(r, TR_E_ARG, "rows request: run %d (%d tokens at %d)", i, u->n, u->pos);
+        const int32_t P = c->page_tokens;
+        tr_io_job j = {.fd = TR_CSD_FD_LAYER + r->layer,
+                       .direct = c->direct != 0,
+                       .offset = c->data_off + (uint64_t)(u->pos / P) * c->page_bytes +
+                                 (uint64_t)(u->pos % P) * c->rec,
+                       .len = (uint64_t)u->n * c->rec,
+                       .dst = ws + (size_t)u->slot * c->rec};
+        j.need = j.len;
+        tr_io_read(&j);
+        atomic_fetch_add(&c->bytes_storage, j.got);
+        if (j.err || j.got < j.need)
+            return fail(r, TR_E_IO, "reading layer %d, page %d failed: %s", r->layer, u->pos / P,
+                        j.err ? strerror(j.err) : "short read");
+        for (int32_t k = 0; k < u->n; k++)
+            if (tr_kv_hash64(ws + (size_t)(u->slot + k) * c->rec, c->rec, 0) !=
+                hashes[u->hash0 + k])
+                return fail(r, TR_E_IO,
+                            "checksum mismatch in layer %d, page %d (position %d): the file was "
+                            "changed or the storage is failing",
+                            r->layer, (u->pos + k) / P, u->pos + k);
+        bytes += j.len;
+    }
+    pace(t0, fmax(rate_time((double)bytes, c->gbps), rate_time((double)bytes, c->link_gbps)));
+    atomic_fetch_add(&c->bytes_rows, bytes);
+    atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    pid_t host = 0;
+    if (argc == 3 && !strcmp(argv[1], "--host-pid")) host = (pid_t)atoi(argv[2]);
+    if (host <= 0) {
+        fprintf(stderr, "terrace-storaged: the KV cache's storage agent; the runtime starts it "
+                        "(terrace ... --kv-policy tiered --kv-cold DIR --csd)\n");
+        return 2;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != host) return 3; /* the runtime has already gone */
+    tr_csd_ctl probe;
+    if (pread(TR_CSD_FD_SHM, &probe, sizeof probe, 0) != (ssize_t)sizeof probe ||
+        probe.magic != TR_CSD_MAGIC || probe.version != TR_CSD_VERSION) {
+        fprintf(stderr, "terrace-storaged: descriptor %d is not a terrace KV region\n",
+                TR_CSD_FD_SHM);
+        return 2;
+    }
+    void *m = mmap(NULL, probe.total, PROT_READ | PROT_WRITE, MAP_SHARED, TR_CSD_FD_SHM, 0);
+    if (m == MAP_FAILED) {
+        fprintf(stderr, "terrace-storaged: mapping the region: %s\n", strerror(errno));
+        return 2;
+    }
+    agent g = {.c = m, .base = m, .kern = tr_kernels_best(), .layer = -1};
+    tr_csd_ctl *c = g.c;
+    g.pregion = (size_t)(c->page_bytes - c->page_qoff);
+    const size_t hs_bytes = (size_t)c->n_head * (size_t)c->n_ctx * 4;
+    g.hs = malloc(hs_bytes);
+    g.tmp = malloc((size_t)c->chunk * 4);
+    if (posix_memalign((void **)&g.pbuf, 4096, (g.pregion + 4095) / 4096 * 4096)) g.pbuf = NULL;
+    if (!g.hs || !g.tmp || !g.pbuf) {
+        fprintf(stderr, "terrace-storaged: out of memory\n");
+        return 2;
+    }
+    atomic_store(&c->mem_bytes, hs_bytes + (size_t)c->chunk * 4 + g.pregion);
+    atomic_store(&c->ready, 1);
+    for (;;) {
+        if (pthread_mutex_lock(&c->mu) == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
+        while (c->taken == c->posted) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += 1;
+            if (pthread_cond_timedwait(&c->to_agent, &c->mu, &ts) == EOWNERDEAD)
+                pthread_mutex_consistent(&c->mu);
+            if (getppid() != host) return 0;
+        }
+        tr_csd_req *r = &c->ring[c->taken % TR_CSD_RING];
+        c->taken++;
+        pthread_mutex_unlock(&c->mu);
+        const int op = r->op;
+        if (op == TR_CSD_OP_SCORE)
+            do_score(&g, r);
+        else if (op == TR_CSD_OP_FINISH)
+            do_finish(&g, r);
+        else if (op == TR_CSD_OP_ROWS)
+            do_rows(&g, r);
+        else if (op != TR_CSD_OP_QUIT)
+            fail(r, TR_E_ARG, "unknown request %d", op);
+        pthread_mutex_lock(&c->mu);
+        c->completed++;
+        pthread_cond_broadcast(&c->to_host);
+        pthread_mutex_unlock(&c->mu);
+        if (op == TR_CSD_OP_QUIT) return 0;
+    }
+}

@@ -1,0 +1,94 @@
+/*
+ * The storage agent (terrace-storaged): HillInfer's "computational storage" for the cold pool,
+ * as a separate process next to the storage. This header is the contract between the runtime
+ * (src/kv/csd_host.c) and the agent (src/agent/storaged.c): one shared-memory region, created by
+ * the runtime (memfd), holding a control block, the request ring, the data areas and the
+ * compute working set itself, so rows the agent reads land where the attention reads them.
+ *
+ * Per decode step and layer (tiered scoring of the tokens whose pages are on storage, group A;
+ * the host scores the rest, group B: the open page, the sinks and the window):
+ *   SCORE   host -> agent: the layer, the position range [a, b), the query heads quantized as
+ *           the host would score them (Q8_0 rows) and the score scale. The agent reads each
+ *           page's key copy (verified against the page trailer) in chunks of `chunk` tokens,
+ *           scores them per query head and keeps the scores; it returns per head the max and
+ *           the sum of exp(score - max) over its tokens (n_head x 12 bytes).
+ *   FINISH  host -> agent: per head the factor c = exp(max_A - M) / Z that turns the agent's
+ *           exponentials into each head's share of the attention over all visible keys. The
+ *           agent streams one (position, score) entry per token, chunk by chunk, publishing
+ *           how many are ready after each chunk; the host merges them as they arrive.
+ *   ROWS    host -> agent: runs of selected positions with their record hashes; the agent
+ *           reads them into working-set slots and verifies them.
+ * The host and the agent compute the scores with the same functions on the same bytes, so the
+ * agent selects exactly what host scoring selects (test_kv checks it).
+ *
+ * Synchronisation: a process-shared robust mutex and two condition variables (CLOCK_MONOTONIC).
+ * The host waits in slices of 50 ms and checks the agent's exit status between them: an agent
+ * that dies mid-step fails the step with a clear error within a second. The agent dies with the
+ * runtime (PR_SET_PDEATHSIG).
+ */
+#ifndef TR_KV_CSD_H
+#define TR_KV_CSD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
+#define TR_CSD_VERSION 1
+#define TR_CSD_RING    4
+#define TR_CSD_MSG     1024
+/* the descriptors the agent finds: the shared region, then one segment file per layer */
+#define TR_CSD_FD_SHM   3
+#define TR_CSD_FD_LAYER 4
+
+enum { TR_CSD_OP_SCORE = 1, TR_CSD_OP_FINISH, TR_CSD_OP_ROWS, TR_CSD_OP_QUIT };
+
+typedef struct tr_csd_req {
+    int32_t op, layer;
+    int32_t a, b;   /* SCORE/FINISH: positions [a, b) */
+    int32_t n_runs; /* ROWS */
+    int32_t which;  /* ROWS: run/hash area 0 or 1 */
+    float scale;    /* SCORE */
+    int32_t status; /* filled by the agent: 0 ok, else a tr_status */
+    char msg[TR_CSD_MSG];
+} tr_csd_req;
+
+typedef struct tr_csd_run {
+    int32_t pos, n, slot; /* n records from pos into working-set slots slot.. */
+    int32_t hash0;        /* index of the first record's hash in the hash area */
+} tr_csd_run;
+
+typedef struct tr_csd_ctl {
+    uint64_t magic;
+    uint32_t version;
+    /* geometry, written by the host */
+    int32_t n_layer, n_ctx, n_head, n_head_kv, hdk_pad, chunk, qtype, direct;
+    int32_t ws_cap, page_tokens;
+    uint64_t rec, qrow, q8row, page_bytes, page_qoff, page_toff, data_off;
+    /* throttles (0: none): storage reads, scoring rate, link to the host */
+    double gbps, gflops, link_gbps;
+    /* areas: offsets from the start of the region */
+    uint64_t off_q8;            /* [n_head][q8row] */
+    uint64_t off_stats;         /* SCORE result: float max[n_head], then double sum[n_head] */
+    uint64_t off_c;             /* FINISH input: float c[n_head] */
+    uint64_t off_scores;        /* FINISH output: tr_csd_entry[n_ctx] */
+    uint64_t off_runs[2];       /* ROWS: tr_csd_run[ws_cap] */
+    uint64_t off_hashes[2];     /* ROWS: uint64_t[ws_cap] */
+    uint64_t off_ws;            /* the compute working set: ws_cap records */
+    uint64_t total;
+    pthread_mutex_t mu;
+    pthread_cond_t to_agent, to_host;
+    tr_csd_req ring[TR_CSD_RING];
+    uint64_t posted, taken, completed; /* request counts (under mu) */
+    _Atomic int64_t produced;          /* FINISH: entries ready */
+    _Atomic int32_t ready;             /* the agent is up */
+    /* counters, written by the agent */
+    _Atomic uint64_t bytes_scores, bytes_rows, bytes_storage, busy_ns, mem_bytes;
+} tr_csd_ctl;
+
+typedef struct tr_csd_entry {
+    uint32_t pos;
+    float score;
+} tr_csd_entry;
+
+#endif

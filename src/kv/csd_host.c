@@ -1,0 +1,425 @@
+/*
+ * The runtime's side of the storage agent (see csd.h for the protocol): the shared region, the
+ * agent's start and end, requests with waits that notice the agent's death, the split scoring
+ * (the agent scores group A while the host scores group B) and the rows.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "kv/csd.h"
+#include "kv/kv_internal.h"
+
+extern char **environ;
+
+#define CSD_SLICE_NS (50ull * 1000 * 1000) /* waits check the agent this often */
+#define CSD_START_NS (10ull * 1000 * 1000 * 1000)
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+uint64_t tr_kv_csd_region_bytes(const tr_kv_shape *s, uint64_t ws_cap, uint64_t q8row,
+                                uint64_t rec) {
+    uint64_t o = align_up(sizeof(tr_csd_ctl), 64);
+    o += align_up((uint64_t)s->n_head * q8row, 64);
+    o += align_up((uint64_t)s->n_head * 12, 64) + align_up((uint64_t)s->n_head * 4, 64);
+    o += align_up((uint64_t)s->n_ctx * sizeof(tr_csd_entry), 64);
+    o += 2 * (align_up(ws_cap * sizeof(tr_csd_run), 64) + align_up(ws_cap * 8, 64));
+    o = align_up(o, 4096) + ws_cap * rec;
+    return align_up(o, 4096);
+}
+
+/* ---- liveness --------------------------------------------------------------------------------- */
+
+static tr_status dead(tr_kv *kv, tr_error *err) {
+    return tr_fail(err, TR_E_IO, "%s", kv->csd_dead);
+}
+
+/* true if the agent has gone (its exit recorded in kv->csd_dead) */
+static bool agent_gone(tr_kv *kv) {
+    if (kv->csd_dead[0]) return true;
+    int ws = 0;
+    const pid_t r = waitpid(kv->csd_pid, &ws, WNOHANG);
+    if (r == 0) return false;
+    if (r == kv->csd_pid && WIFSIGNALED(ws))
+        snprintf(kv->csd_dead, sizeof kv->csd_dead,
+                 "KV storage agent (terrace-storaged, pid %d) was killed by signal %d (%s): the "
+                 "cold pool is unavailable",
+                 (int)kv->csd_pid, WTERMSIG(ws), strsignal(WTERMSIG(ws)));
+    else
+        snprintf(kv->csd_dead, sizeof kv->csd_dead,
+                 "KV storage agent (terrace-storaged, pid %d) exited (status %d): the cold pool "
+                 "is unavailable",
+                 (int)kv->csd_pid, r == kv->csd_pid ? WEXITSTATUS(ws) : -1);
+    kv->csd_pid = 0;
+    return true;
+}
+
+static tr_status lock(tr_kv *kv, tr_error *err) {
+    if (kv->csd_dead[0]) return dead(kv, err);
+    const int r = pthread_mutex_lock(&kv->csd_ctl->mu);
+    if (r == EOWNERDEAD) { /* the agent died holding it */
+        pthread_mutex_consistent(&kv->csd_ctl->mu);
+        pthread_mutex_unlock(&kv->csd_ctl->mu);
+        if (!agent_gone(kv))
+            snprintf(kv->csd_dead, sizeof kv->csd_dead,
+                     "KV storage agent (pid %d) died holding the shared lock", (int)kv->csd_pid);
+        return dead(kv, err);
+    }
+    if (r) return tr_fail(err, TR_E_IO, "KV storage agent: lock: %s", strerror(r));
+    return TR_OK;
+}
+
+/* one slice of waiting on to_host, under the lock; an error (the lock released) if the agent
+ * has gone */
+static tr_status wait_slice(tr_kv *kv, tr_error *err) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const uint64_t t = (uint64_t)ts.tv_nsec + CSD_SLICE_NS;
+    ts.tv_sec += (time_t)(t / 1000000000ull);
+    ts.tv_nsec = (long)(t % 1000000000ull);
+    const int r = pthread_cond_timedwait(&kv->csd_ctl->to_host, &kv->csd_ctl->mu, &ts);
+    if (r == EOWNERDEAD) {
+        pthread_mutex_consistent(&kv->csd_ctl->mu);
+        pthread_mutex_unlock(&kv->csd_ctl->mu);
+        agent_gone(kv);
+        return dead(kv, err);
+    }
+    if (r == ETIMEDOUT && agent_gone(kv)) {
+        pthread_mutex_unlock(&kv->csd_ctl->mu);
+        return dead(kv, err);
+    }
+    return TR_OK;
+}
+
+static tr_status post(tr_kv *kv, const tr_csd_req *req, uint64_t *seq, tr_error *err) {
+    tr_csd_ctl *c = kv->csd_ctl;
+    tr_status st = lock(kv, err);
+    if (st) return st;
+    while (c->posted - c->completed >= TR_CSD_RING)
+        if ((st = wait_slice(kv, err))) return st;
+    tr_csd_req *r = &c->ring[c->posted % TR_CSD_RING];
+    *r = *req;
+    r->status = 0;
+    r->msg[0] = 0;
+    *seq = ++c->posted;
+    pthread_cond_broadcast(&c->to_agent);
+    pthread_mutex_unlock(&c->mu);
+    return TR_OK;
+}
+
+static tr_status wait_done(tr_kv *kv, uint64_t seq, tr_error *err) {
+    tr_csd_ctl *c = kv->csd_ctl;
+    tr_status st = lock(kv, err);
+    if (st) return st;
+    while (c->completed < seq)
+        if ((st = wait_slice(kv, err))) return st;
+    const tr_csd_req *r = &c->ring[(seq - 1) % TR_CSD_RING];
+    if (r->status) {
+        char msg[TR_CSD_MSG];
+        memcpy(msg, r->msg, sizeof msg);
+        msg[sizeof msg - 1] = 0;
+        pthread_mutex_unlock(&c->mu);
+        char path[4200];
+        tr_kv_seg_path(kv, r->layer, path, sizeof path);
+        return tr_fail(err, (tr_status)r->status, "KV storage agent: %s (%s)", msg, path);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return TR_OK;
+}
+
+/* ---- start / stop ----------------------------------------------------------------------------- */
+
+static bool find_agent(const tr_kv *kv, char *out, size_t cap) {
+    const char *p = kv->params.csd_bin;
+    if (!p || !*p) p = getenv("TERRACE_STORAGED");
+    if (p && *p) {
+        snprintf(out, cap, "%s", p);
+        return access(out, X_OK) == 0;
+    }
+    char exe[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        snprintf(out, cap, "terrace-storaged");
+        return false;
+    }
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(out, cap, "%s/terrace-storaged", exe);
+    if (access(out, X_OK) == 0) return true;
+    /* a test or benchmark binary one level below the build directory */
+    snprintf(out, cap, "%s/../terrace-storaged", exe);
+    return access(out, X_OK) == 0;
+}
+
+tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err) {
+    const tr_kv_shape *s = &kv->shape;
+    char bin[PATH_MAX + 64];
+    if (!find_agent(kv, bin, sizeof bin))
+        return tr_fail(err, TR_E_ARG,
+                       "KV storage agent: %s is not an executable (build it with make, or name it "
+                       "with --csd-bin or TERRACE_STORAGED)",
+                       bin);
+    const uint64_t ws_cap = (uint64_t)kv->ws_cap;
+    const uint64_t total = tr_kv_csd_region_bytes(s, ws_cap, kv->q8row, kv->rec);
+    kv->csd_fd = memfd_create("terrace-kv-csd", MFD_CLOEXEC);
+    if (kv->csd_fd < 0)
+        return tr_fail(err, TR_E_IO, "KV storage agent: memfd_create: %s", strerror(errno));
+    if (ftruncate(kv->csd_fd, (off_t)total))
+        return tr_fail(err, TR_E_NOMEM, "KV storage agent: shared region of %llu bytes: %s",
+                       (unsigned long long)total, strerror(errno));
+    void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, kv->csd_fd, 0);
+    if (m == MAP_FAILED)
+        return tr_fail(err, TR_E_NOMEM, "KV storage agent: mapping %llu bytes: %s",
+                       (unsigned long long)total, strerror(errno));
+    kv->csd_ctl = m;
+    kv->csd_bytes = total;
+    tr_csd_ctl *c = kv->csd_ctl;
+    memset(c, 0, sizeof *c);
+    c->magic = TR_CSD_MAGIC;
+    c->version = TR_CSD_VERSION;
+    c->n_layer = s->n_layer;
+    c->n_ctx = s->n_ctx;
+    c->n_head = s->n_head;
+    c->n_head_kv = s->n_head_kv;
+    c->hdk_pad = kv->hdk_pad;
+    c->chunk = kv->csd_chunk;
+    c->qtype = (int32_t)kv->qtype;
+    c->direct = kv->direct;
+    c->ws_cap = kv->ws_cap;
+    c->page_tokens = TR_KV_PAGE;
+    c->rec = kv->rec;
+    c->qrow = kv->qrow;
+    c->q8row = kv->q8row;
+    c->page_bytes = kv->page_bytes;
+    c->page_qoff = kv->page_qoff;
+    c->page_toff = kv->page_toff;
+    c->data_off = kv->data_off;
+    c->gbps = kv->params.csd_gbps;
+    c->gflops = kv->params.csd_gflops;
+    c->link_gbps = kv->params.csd_link_gbps;
+    uint64_t o = align_up(sizeof(tr_csd_ctl), 64);
+    c->off_q8 = o;
+    o += align_up((uint64_t)s->n_head * kv->q8row, 64);
+    c->off_stats = o;
+    o += align_up((uint64_t)s->n_head * 12, 64);
+    c->off_c = o;
+    o += align_up((uint64_t)s->n_head * 4, 64);
+    c->off_scores = o;
+    o += align_up((uint64_t)s->n_ctx * sizeof(tr_csd_entry), 64);
+    for (int w = 0; w < 2; w++) {
+        c->off_runs[w] = o;
+        o += align_up(ws_cap * sizeof(tr_csd_run), 64);
+        c->off_hashes[w] = o;
+        o += align_up(ws_cap * 8, 64);
+    }
+    c->off_ws = align_up(o, 4096);
+    c->total = total;
+
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&c->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->to_agent, &ca);
+    pthread_cond_init(&c->to_host, &ca);
+    pthread_condattr_destroy(&ca);
+    kv->ws = (uint8_t *)m + c->off_ws;
+
+    /* the agent finds the region and the segment files at fixed descriptor numbers */
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, kv->csd_fd, TR_CSD_FD_SHM);
+    for (int32_t l = 0; l < s->n_layer; l++)
+        posix_spawn_file_actions_adddup2(&fa, kv->layers[l].fd, TR_CSD_FD_LAYER + l);
+    char ppid[32];
+    snprintf(ppid, sizeof ppid, "%d", (int)getpid());
+    char *argv[] = {bin, "--host-pid", ppid, NULL};
+    pid_t pid = 0;
+    const int r = posix_spawn(&pid, bin, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (r) return tr_fail(err, TR_E_IO, "KV storage agent: cannot start %s: %s", bin, strerror(r));
+    kv->csd_pid = pid;
+    const uint64_t t0 = tr_io_now_ns();
+    while (!atomic_load(&c->ready)) {
+        if (agent_gone(kv)) return dead(kv, err);
+        if (tr_io_now_ns() - t0 > CSD_START_NS)
+            return tr_fail(err, TR_E_IO, "KV storage agent %s (pid %d) did not start in 10 s", bin,
+                           (int)pid);
+        usleep(1000);
+    }
+    return TR_OK;
+}
+
+void tr_kv_csd_stop(tr_kv *kv) {
+    if (kv->csd_pid > 0 && kv->csd_ctl && !kv->csd_dead[0]) {
+        tr_csd_req q = {.op = TR_CSD_OP_QUIT};
+        uint64_t seq;
+        if (!post(kv, &q, &seq, NULL)) {
+            const uint64_t t0 = tr_io_now_ns();
+            int ws;
+            while (waitpid(kv->csd_pid, &ws, WNOHANG) == 0) {
+                if (tr_io_now_ns() - t0 > 2000000000ull) {
+                    kill(kv->csd_pid, SIGKILL);
+                    waitpid(kv->csd_pid, &ws, 0);
+                    break;
+                }
+                usleep(1000);
+            }
+            kv->csd_pid = 0;
+        }
+    }
+    if (kv->csd_pid > 0) { /* not answering */
+        int ws;
+        kill(kv->csd_pid, SIGKILL);
+        waitpid(kv->csd_pid, &ws, 0);
+        kv->csd_pid = 0;
+    }
+    if (kv->csd_ctl) {
+        munmap(kv->csd_ctl, kv->csd_bytes);
+        kv->csd_ctl = NULL;
+        kv->ws = NULL;
+    }
+    if (kv->csd_fd >= 0) close(kv->csd_fd);
+    kv->csd_fd = -1;
+}
+
+pid_t tr_kv_csd_pid(const tr_kv *kv) { return kv->csd_pid; }
+
+void tr_kv_csd_counters(const tr_kv *kv, uint64_t *scores, uint64_t *rows, uint64_t *storage,
+                        uint64_t *busy_ns, uint64_t *mem) {
+    const tr_csd_ctl *c = kv->csd_ctl;
+    *scores = c ? atomic_load(&c->bytes_scores) : 0;
+    *rows = c ? atomic_load(&c->bytes_rows) : 0;
+    *storage = c ? atomic_load(&c->bytes_storage) : 0;
+    *busy_ns = c ? atomic_load(&c->busy_ns) : 0;
+    *mem = c ? atomic_load(&c->mem_bytes) : 0;
+}
+
+/* ---- scoring ---------------------------------------------------------------------------------- */
+
+tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
+                          const int32_t *cand, int32_t n, int32_t n_a, float *out, tr_error *err) {
+    tr_csd_ctl *c = kv->csd_ctl;
+    uint8_t *base = (uint8_t *)c;
+    const int32_t nh = kv->shape.n_head;
+    const int32_t a = cand[0], b = cand[0] + n_a;
+    if (cand[n_a - 1] != b - 1)
+        return tr_fail(err, TR_E_INTERNAL, "KV storage agent: layer %d: candidates not a range",
+                       layer);
+    tr_kv_prepare_query(kv, layer, q);
+    memcpy(base + c->off_q8, kv->q8, (size_t)nh * kv->q8row);
+    tr_csd_req r = {.op = TR_CSD_OP_SCORE, .layer = layer, .a = a, .b = b, .scale = scale};
+    uint64_t seq;
+    tr_status st = post(kv, &r, &seq, err);
+    if (st) return st;
+    /* group B on the host while the agent scores group A */
+    const size_t stride = (size_t)n;
+    tr_kv_score_heads(kv, pool, layer, cand, n_a, n, stride, scale);
+    float *m_b = kv->csd_m, *c_a = kv->csd_c, *c_b = kv->csd_c + nh;
+    double *z_b = kv->csd_z;
+    for (int32_t h = 0; h < nh; h++)
+        tr_kv_group_stats(kv->hs + (size_t)h * stride + n_a, n - n_a, &m_b[h], &z_b[h]);
+    if ((st = wait_done(kv, seq, err))) return st;
+    const float *m_a = (const float *)(base + c->off_stats);
+    const double *z_a = (const double *)(base + c->off_stats + (uint64_t)nh * 4);
+    tr_kv_group_merge(nh, m_a, z_a, m_b, z_b, c_a, c_b);
+    memcpy(base + c->off_c, c_a, (size_t)nh * 4);
+    atomic_store(&c->produced, 0);
+    r.op = TR_CSD_OP_FINISH;
+    if ((st = post(kv, &r, &seq, err))) return st;
+    tr_kv_group_score(kv->hs, stride, nh, c_b, 1, n_a, n, out);
+    /* merge the agent's blocks as they arrive */
+    const tr_csd_entry *e = (const tr_csd_entry *)(base + c->off_scores);
+    int64_t got = 0;
+    if ((st = lock(kv, err))) return st;
+    for (;;) {
+        const int64_t p = atomic_load(&c->produced);
+        if (p > got) {
+            pthread_mutex_unlock(&c->mu);
+            for (int64_t i = got; i < p; i++) out[e[i].pos - (uint32_t)a] = e[i].score;
+            got = p;
+            if ((st = lock(kv, err))) return st;
+            continue;
+        }
+        if (got >= n_a || c->completed >= seq) break;
+        if ((st = wait_slice(kv, err))) return st;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if ((st = wait_done(kv, seq, err))) return st;
+    if (got < n_a)
+        return tr_fail(err, TR_E_INTERNAL, "KV storage agent: layer %d: %lld of %d scores",
+                       layer, (long long)got, n_a);
+    return TR_OK;
+}
+
+/* ---- rows ------------------------------------------------------------------------------------- */
+
+void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
+                          int32_t slot0) {
+    tr_kv_gather *G = &kv->gath[which];
+    tr_csd_ctl *c = kv->csd_ctl;
+    const tr_kv_layer *L = &kv->layers[layer];
+    tr_csd_run *runs = (tr_csd_run *)((uint8_t *)c + c->off_runs[which]);
+    uint64_t *hashes = (uint64_t *)((uint8_t *)c + c->off_hashes[which]);
+    int32_t nr = 0, nh = 0;
+    for (int32_t i = 0; i < n;) {
+        const int32_t pos = sel[i];
+        if (L->tok[pos].where != TR_KV_TOK_COLD) {
+            i++;
+            continue;
+        }
+        int32_t j = i + 1;
+        while (j < n && sel[j] == sel[j - 1] + 1 && sel[j] / TR_KV_PAGE == pos / TR_KV_PAGE &&
+               L->tok[sel[j]].where == TR_KV_TOK_COLD)
+            j++;
+        runs[nr++] = (tr_csd_run){.pos = pos, .n = j - i, .slot = slot0 + i, .hash0 = nh};
+        for (int32_t t = pos; t < pos + (j - i); t++) hashes[nh++] = L->hash[t];
+        i = j;
+    }
+    G->n_jobs = nr;
+    G->bytes = (uint64_t)nh * kv->rec;
+    G->csd_seq = 0;
+    G->failed = false;
+    if (!nr) return;
+    tr_csd_req r = {.op = TR_CSD_OP_ROWS, .layer = layer, .n_runs = nr, .which = which};
+    tr_error e = {0};
+    if (post(kv, &r, &G->csd_seq, &e)) {
+        G->failed = true;
+        snprintf(G->err_msg, sizeof G->err_msg, "%s", e.msg);
+    }
+}
+
+tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err) {
+    tr_kv_gather *G = &kv->gath[which];
+    if (!G->n_jobs) return TR_OK;
+    const uint64_t t0 = tr_io_now_ns();
+    tr_status st = TR_OK;
+    if (G->failed)
+        st = tr_fail(err, TR_E_IO, "%s", G->err_msg);
+    else
+        st = wait_done(kv, G->csd_seq, err);
+    kv->io_ns += tr_io_now_ns() - t0;
+    if (!st) {
+        kv->bytes_read += G->bytes;
+        kv->read_ops += (uint64_t)G->n_jobs;
+    }
+    G->n_jobs = 0;
+    return st;
+}
