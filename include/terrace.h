@@ -300,6 +300,12 @@ typedef struct tr_session_params {
      * tokens go cold), "on" = BKP (hit counts promote and demote, with hysteresis), "naive" =
      * promote every cold token read (a baseline) */
     const char *kv_bkp;
+    /* tiered with a cold pool: the storage agent (terrace-storaged) scores the tokens on storage
+     * and returns the selected rows; chunk: tokens per score block (0: 1024); the rates (0: none)
+     * throttle it to emulate a slower device: storage GB/s, scoring GFLOP/s, link GB/s */
+    bool csd;
+    int32_t csd_chunk;
+    double csd_gbps, csd_gflops, csd_link_gbps;
 } tr_session_params;
 
 typedef struct tr_session_kv_stats {
@@ -311,6 +317,8 @@ typedef struct tr_session_kv_stats {
     /* placement (cumulative): moves between the pools, moves that reversed one made within 64
      * steps, bytes copied into the hot pool; selected tokens found hot / read from the cold pool */
     uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
+    /* the storage agent: bytes agent -> host as scores and as rows, bytes it read */
+    uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes;
 } tr_session_kv_stats;
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 

@@ -16,7 +16,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CSD, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CHUNKS,
 };
 
 typedef struct flag {
@@ -71,6 +71,11 @@ static const flag k_flags[] = {
     {"--kv-cold", F_KVCOLD, true, "DIR      KV: cold pool directory on local storage"},
     {"--kv-keep", F_KVKEEP, false, "        KV: keep the cold pool's files"},
     {"--kv-bkp", F_KVBKP, true, "MODE      KV tiered: placement between the pools: off (default), on, naive"},
+    {"--csd", F_CSD, false, "            KV tiered: score the cold pool in the storage agent (terrace-storaged)"},
+    {"--csd-chunk", F_CSDCHUNK, true, "N     storage agent: tokens per score block (default 1024)"},
+    {"--csd-gbps", F_CSDGBPS, true, "R      storage agent: throttle its storage reads to R GB/s"},
+    {"--csd-gflops", F_CSDGFLOPS, true, "R    storage agent: throttle its scoring to R GFLOP/s"},
+    {"--csd-link-gbps", F_CSDLINK, true, "R storage agent: throttle its link to the host to R GB/s"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
@@ -259,6 +264,16 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         }
         case F_KVCOLD: o->kv.kv_cold_dir = v; break;
         case F_KVKEEP: o->kv.kv_keep = true; break;
+        case F_CSD: o->kv.csd = true; break;
+        case F_CSDCHUNK: if (!cli_parse_int(a, v, 16, 1 << 20, &n)) return false; o->kv.csd_chunk = (int32_t)n; break;
+        case F_CSDGBPS: case F_CSDGFLOPS: case F_CSDLINK: {
+            float r;
+            if (!parse_float(a, v, 1e-6, 1e6, &r)) return false;
+            if (f->id == F_CSDGBPS) o->kv.csd_gbps = r;
+            else if (f->id == F_CSDGFLOPS) o->kv.csd_gflops = r;
+            else o->kv.csd_link_gbps = r;
+            break;
+        }
         case F_KVBKP:
             if (strcmp(v, "off") && strcmp(v, "on") && strcmp(v, "naive")) {
                 cli_error("--kv-bkp expects off, on or naive, got '%s'", v);

@@ -173,6 +173,12 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
                     100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold),
                     (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
                     (unsigned long long)kv.pingpong);
+        if (kv.csd_score_bytes)
+            fprintf(stderr, "terrace: kv agent     to the host: scores %s, rows %s; read %s from "
+                            "storage\n",
+                    cli_bytes(kv.csd_score_bytes, b1, sizeof b1),
+                    cli_bytes(kv.csd_row_bytes, b2, sizeof b2),
+                    cli_bytes(kv.csd_storage_bytes, b3, sizeof b3));
     }
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",

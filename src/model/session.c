@@ -42,6 +42,11 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     kp.cold_dir = p->kv_cold_dir;
     kp.keep = p->kv_keep;
     if (p->kv_bkp && tr_kv_bkp_parse(p->kv_bkp, &kp.bkp, err)) return TR_E_ARG;
+    kp.csd = p->csd;
+    kp.csd_chunk = p->csd_chunk;
+    kp.csd_gbps = p->csd_gbps;
+    kp.csd_gflops = p->csd_gflops;
+    kp.csd_link_gbps = p->csd_link_gbps;
     for (int32_t l = 0; l < hp->n_layer; l++)
         if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
             return tr_fail(err, TR_E_UNSUPPORTED,
@@ -75,6 +80,9 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->migrated_bytes = st.migrated_bytes;
     out->sel_hot = st.sel_hot;
     out->sel_cold = st.sel_cold;
+    out->csd_score_bytes = st.csd_score_bytes;
+    out->csd_row_bytes = st.csd_row_bytes;
+    out->csd_storage_bytes = st.csd_storage_bytes;
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */
