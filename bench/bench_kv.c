@@ -173,6 +173,8 @@ typedef struct bench {
 
 typedef struct step_result {
     double mean_ms, min_ms, bytes_read, dev_read, read_ops, selected, score_ms, attn_ms, io_ms;
+    double csd_scores, csd_rows, csd_storage, promotions, demotions, pingpong, migrated;
+    double sel_hot, sel_cold;
     double cpu_user_ms, cpu_sys_ms; /* the process's CPU time per step */
 } step_result;
 
@@ -230,6 +232,15 @@ static int measure(bench *B, step_result *r) {
             r->score_ms += (double)(st1.score_ns - st0[b].score_ns) / 1e6 / n;
             r->attn_ms += (double)(st1.attn_ns - st0[b].attn_ns) / 1e6 / n;
             r->io_ms += (double)(st1.io_ns - st0[b].io_ns) / 1e6 / n;
+            r->csd_scores += (double)(st1.csd_score_bytes - st0[b].csd_score_bytes) / n;
+            r->csd_rows += (double)(st1.csd_row_bytes - st0[b].csd_row_bytes) / n;
+            r->csd_storage += (double)(st1.csd_storage_bytes - st0[b].csd_storage_bytes) / n;
+            r->promotions += (double)(st1.promotions - st0[b].promotions) / n;
+            r->demotions += (double)(st1.demotions - st0[b].demotions) / n;
+            r->pingpong += (double)(st1.pingpong - st0[b].pingpong) / n;
+            r->migrated += (double)(st1.migrated_bytes - st0[b].migrated_bytes) / n;
+            r->sel_hot += (double)(st1.sel_hot - st0[b].sel_hot) / n;
+            r->sel_cold += (double)(st1.sel_cold - st0[b].sel_cold) / n;
         }
     }
     return 0;
@@ -238,7 +249,8 @@ static int measure(bench *B, step_result *r) {
 static void usage(void) {
     fprintf(stderr, "usage: bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] "
                     "[--bits 4|8] [--hot-frac F] [--steps S] [--threads T] [--io-threads N] "
-                    "[--read-gap G] [--plan]\n");
+                    "[--read-gap G] [--bkp off|on|naive] [--csd] [--csd-gbps R] [--csd-gflops R] "
+                    "[--csd-link-gbps R] [--csd-chunk N] [--plan]\n");
     exit(2);
 }
 
@@ -247,13 +259,18 @@ int main(int argc, char **argv) {
     int32_t ctx = 8192, batch = 1, steps = 3, threads = 2, io_threads = 0, bits = 4;
     int32_t gaps[8] = {-1}, n_gaps = 1;
     double alpha = 0.2, hot_frac = 1.0 / 16;
-    bool plan = false;
+    bool plan = false, csd = false;
+    const char *bkp = "off";
+    double csd_gbps = 0, csd_gflops = 0, csd_link = 0;
+    int32_t csd_chunk = 0;
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
         {"hot-frac", 1, 0, 'h'},   {"steps", 1, 0, 's'}, {"threads", 1, 0, 't'},
         {"io-threads", 1, 0, 'i'}, {"plan", 0, 0, 'P'},  {"read-gap", 1, 0, 'g'},
-        {"smooth", 1, 0, 'S'},     {"rho", 1, 0, 'R'},   {0, 0, 0, 0}};
+        {"smooth", 1, 0, 'S'},     {"rho", 1, 0, 'R'},   {"bkp", 1, 0, 'B'},
+        {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
+        {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'c': cold = optarg; break;
@@ -267,6 +284,12 @@ int main(int argc, char **argv) {
         case 't': threads = atoi(optarg); break;
         case 'i': io_threads = atoi(optarg); break;
         case 'P': plan = true; break;
+        case 'B': bkp = optarg; break;
+        case 'C': csd = true; break;
+        case 'G': csd_gbps = atof(optarg); break;
+        case 'F': csd_gflops = atof(optarg); break;
+        case 'L': csd_link = atof(optarg); break;
+        case 'K': csd_chunk = atoi(optarg); break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
         case 'g': { /* a list: the steps are measured once per value, on the same fill */
@@ -295,6 +318,15 @@ int main(int argc, char **argv) {
     p.cold_dir = cold ? cold : "/tmp";
     p.n_threads = threads;
     p.io_threads = io_threads;
+    if (tr_kv_bkp_parse(bkp, &p.bkp, &err)) {
+        fprintf(stderr, "bench_kv: %s\n", err.msg);
+        return 2;
+    }
+    p.csd = csd;
+    p.csd_gbps = csd_gbps;
+    p.csd_gflops = csd_gflops;
+    p.csd_link_gbps = csd_link;
+    p.csd_chunk = csd_chunk;
     const uint64_t dram = tr_kv_dram_bytes(&shape, &p) * (uint64_t)batch;
     const uint64_t cold_need = tr_kv_cold_bytes_needed(&shape, &p) * (uint64_t)batch;
     if (plan) {
@@ -363,7 +395,11 @@ int main(int argc, char **argv) {
                "\"read_ops\": %.0f, \"selected\": %.0f, \"score_ms\": %.1f, \"attn_ms\": %.1f, "
                "\"io_wait_ms\": %.1f, \"hot_used\": %llu, \"cold_used\": %llu, \"read_gap\": %d, "
                "\"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
-               "\"rho\": %.3f, \"runs_per_token\": %.3f}\n",
+               "\"rho\": %.3f, \"runs_per_token\": %.3f, \"bkp\": \"%s\", \"csd\": %s, "
+               "\"csd_gbps\": %g, \"csd_gflops\": %g, \"csd_link_gbps\": %g, "
+               "\"csd_score_bytes\": %.0f, \"csd_row_bytes\": %.0f, \"csd_storage_bytes\": %.0f, "
+               "\"promotions\": %.1f, \"demotions\": %.1f, \"pingpong\": %.1f, "
+               "\"migrated_bytes\": %.0f, \"hot_hit_rate\": %.4f, \"csd_mem_bytes\": %llu}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
                kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
@@ -372,7 +408,11 @@ int main(int argc, char **argv) {
                (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap,
                p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
                (double)g_smooth, (double)g_rho,
-               r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0);
+               r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0,
+               bkp, csd ? "true" : "false", csd_gbps, csd_gflops, csd_link, r.csd_scores,
+               r.csd_rows, r.csd_storage, r.promotions, r.demotions, r.pingpong, r.migrated,
+               r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
+               (unsigned long long)fin.csd_mem_bytes);
         fflush(stdout);
     }
     for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);

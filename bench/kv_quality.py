@@ -10,7 +10,9 @@ For each model and each (policy, alpha), next to `full` on the same inputs:
   - passkey retrieval: a 5-digit number hidden at 10/50/90 % depth in filler text, at 2K..16K
     tokens where the model's context allows; correct if the greedy answer contains it.
 
-usage: kv_quality.py [--quick] MODEL_KEY...     (keys: smollm2, qwen2; see scripts/get_model.sh)
+usage: kv_quality.py [--quick] [--resume-log FILE] MODEL_KEY...
+    keys: smollm2, qwen2 (see scripts/get_model.sh); --resume-log takes the perplexities already
+    printed by an interrupted run of the same build (lines "KEY ppl c=CTX POLICY a=ALPHA: PPL")
 """
 import json
 import os
@@ -24,7 +26,8 @@ TERRACE = os.environ.get("TERRACE_BIN", os.path.join(ROOT, "build", "terrace"))
 PY = os.path.join(ROOT, ".venv", "bin", "python3")
 OUT_DIR = os.path.join(ROOT, "bench", "results")
 QUICK = "--quick" in sys.argv
-KEYS = [a for a in sys.argv[1:] if not a.startswith("--")] or ["smollm2", "qwen2"]
+RESUME = sys.argv[sys.argv.index("--resume-log") + 1] if "--resume-log" in sys.argv else None
+KEYS = [a for a in sys.argv[1:] if not a.startswith("--") and a != RESUME] or ["smollm2", "qwen2"]
 
 ALPHAS = [0.05, 0.1, 0.2]
 POLICIES = ["tiered", "h2o", "quest"]
@@ -33,9 +36,10 @@ POLICIES = ["tiered", "h2o", "quest"]
 # practical context over one chunk with the reduced set; passkey with the reduced set.
 MODELS = {
     "smollm2": dict(name="SmolLM2-135M-Instruct Q4_1 (context 8K)", ppl_ctx=[4096, 8192],
-                    passkey=[2048, 4096, 8192]),
-    "qwen2": dict(name="Qwen2.5-Coder-0.5B-Instruct Q4_K_M (context 32K)", ppl_ctx=[4096, 8192],
-                  passkey=[2048, 4096]),
+                    passkey=[2048, 4096]),
+    # 4x the compute of SmolLM2 per token: one chunk at 4K, the reduced set throughout
+    "qwen2": dict(name="Qwen2.5-Coder-0.5B-Instruct Q4_K_M (context 32K)", ppl_ctx=[4096],
+                  passkey=[2048], ppl_chunks=1, reduced=True),
 }
 if QUICK:
     for m in MODELS.values():
@@ -66,11 +70,25 @@ def kv_flags(policy, alpha):
     return [] if policy == "full" else ["--kv-policy", policy, "--kv-alpha", str(alpha)]
 
 
-def configs():
+def configs(cfg=None):
+    if cfg and cfg.get("reduced"):
+        yield from REDUCED
+        return
     yield ("full", 1.0)
     for a in ALPHAS:
         for p in POLICIES:
             yield (p, a)
+
+
+def resumed():
+    """perplexities printed by an interrupted run: {(key, ctx, policy, alpha): ppl}"""
+    done = {}
+    if RESUME:
+        for line in open(RESUME):
+            m = re.match(r"(\w+) ppl c=(\d+) (\w+) a=([\d.]+): ([\d.]+)", line)
+            if m:
+                done[(m[1], int(m[2]), m[3], float(m[4]))] = float(m[5])
+    return done
 
 
 def perplexity(model, text, ctx, policy, alpha, chunks):
@@ -145,6 +163,7 @@ def main():
     # results accumulate per model: a run for one model keeps the other's recorded figures
     jpath = os.path.join(OUT_DIR, "kv-quality.json")
     results = {}
+    done = resumed()
     if os.path.exists(jpath):
         with open(jpath) as f:
             results = {k: v for k, v in json.load(f).items() if k not in KEYS}
@@ -155,13 +174,20 @@ def main():
             model = model_path(key)
             t_model = time.time()
             res = results[key] = {"name": cfg["name"], "ppl": {}, "agree": {}, "passkey": {},
-                                  "date": time.strftime("%Y-%m-%d"), "quick": QUICK}
+                                  "date": time.strftime("%Y-%m-%d"), "quick": QUICK,
+                                  "ppl_chunks": cfg.get("ppl_chunks", 2),
+                                  "reduced": cfg.get("reduced", False)}
             # perplexity: enough text for two chunks at each context (~3.5 chars per token)
             for ci, ctx in enumerate(cfg["ppl_ctx"]):
-                chunks = 2 if ci == 0 else 1
+                chunks = cfg.get("ppl_chunks", 2) if ci == 0 else 1
                 src = cut_text(text, int(ctx * 2 * 4.2) + 4096, os.path.join(tmp, f"kjv{ctx}.txt"))
-                for pol, a in (configs() if ci == 0 else REDUCED):
+                for pol, a in (configs(cfg) if ci == 0 else REDUCED):
                     t0 = time.time()
+                    v = done.get((key, ctx, pol, a))
+                    if v is not None:
+                        res["ppl"].setdefault(str(ctx), {})[f"{pol}@{a}"] = v
+                        print(f"{key} ppl c={ctx} {pol} a={a}: {v:.4f} (from {RESUME})", flush=True)
+                        continue
                     v = perplexity(model, src, ctx, pol, a, chunks)
                     res["ppl"].setdefault(str(ctx), {})[f"{pol}@{a}"] = v
                     print(f"{key} ppl c={ctx} {pol} a={a}: {v:.4f} ({time.time() - t0:.0f} s)", flush=True)
@@ -173,7 +199,7 @@ def main():
             n_gen = 128 if QUICK else 256
             gen = agreement(model, prompt, n_gen, "full", 1.0, tmp)
             seq = prompt + gen
-            for pol, a in configs():
+            for pol, a in configs(cfg):
                 t0 = time.time()
                 pred = top1(model, seq, pol, a, tmp)
                 # position len(prompt)-1+i predicts gen[i]
@@ -241,9 +267,10 @@ def write_report(results):
             fig, axes = plt.subplots(1, 2, figsize=(10, 4))
             c = list(res["ppl"])[0]
             for pol in POLICIES:
-                xs = ALPHAS
+                xs = [a for a in ALPHAS if f"{pol}@{a}" in res["ppl"][c]]
                 axes[0].plot(xs, [100 * (res["ppl"][c][f"{pol}@{a}"] / res["ppl"][c]["full@1.0"] - 1) for a in xs],
                              marker="o", label=pol)
+                xs = [a for a in ALPHAS if f"{pol}@{a}" in res["agree"]]
                 axes[1].plot(xs, [100 * res["agree"][f"{pol}@{a}"] for a in xs], marker="o", label=pol)
             axes[0].axhline(1.0, ls="--", c="gray", lw=0.8)
             axes[0].set(xlabel="alpha", ylabel=f"PPL vs full, % (c={c})", title=res["name"])

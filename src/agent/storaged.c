@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/pool.h"
 #include "experts/io.h"
 #include "kv/csd.h"
 #include "kv/kv_internal.h"
@@ -34,12 +35,31 @@ typedef struct agent {
     uint8_t *base;
     const tr_kernels *kern;
     float *hs;      /* [n_head][n_ctx] this request's scores, then exponentials */
-    uint8_t *pbuf;  /* one chunk of pages: key copy + trailer, aligned */
     size_t pregion; /* bytes of one page's key copy + trailer */
+    size_t pstride; /* pregion rounded up to 4 KiB (O_DIRECT) */
+    /* the agent's own copy of the key copies (its "device DRAM"): every page it has read and
+     * verified once, [layer][page] at pstride; reserved, filled as pages are first scored */
+    uint8_t *keys;
+    uint8_t *loaded; /* [layer][page] */
+    int32_t n_pages;
     float *tmp;     /* [chunk] */
     int32_t a, b;   /* the range scored last */
     int32_t layer;
+    tr_pool *pool;  /* scoring */
+    tr_io_pool *io; /* storage reads */
+    tr_io_job *jobs; /* [max(n_pages, ws_cap)] */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t pending;
+    int failed; /* first failure, in msg */
+    char msg[TR_CSD_MSG];
+    tr_csd_req *cur;
+    const uint64_t *hashes;
 } agent;
+
+static uint8_t *page_keys(agent *g, int32_t layer, int32_t page) {
+    return g->keys + ((size_t)layer * (size_t)g->n_pages + (size_t)page) * g->pstride;
+}
 
 static void pace(uint64_t t0, double seconds) {
     if (seconds <= 0) return;
@@ -73,69 +93,134 @@ typedef struct page_trailer_view {
     uint64_t hash;
 } page_trailer_view;
 
-static int read_keys(agent *g, tr_csd_req *r, int32_t page, uint8_t *dst) {
+/* a storage read finished (on an I/O thread): verify it */
+static void io_done(void *ctx, tr_io_job *j) {
+    agent *g = ctx;
     const tr_csd_ctl *c = g->c;
-    const int fd = TR_CSD_FD_LAYER + r->layer;
-    const uint64_t off = c->data_off + (uint64_t)page * c->page_bytes + c->page_qoff;
-    tr_io_job j = {.fd = fd, .direct = c->direct != 0, .offset = off, .len = g->pregion, .dst = dst};
-    j.need = j.len;
-    tr_io_read(&j);
-    atomic_fetch_add(&g->c->bytes_storage, j.got);
-    if (j.err || j.got < j.need)
-        return fail(r, TR_E_IO, "reading the key copy of layer %d, page %d failed: %s", r->layer,
-                    page, j.err ? strerror(j.err) : "short read");
-    page_trailer_view t;
-    memcpy(&t, dst + (c->page_toff - c->page_qoff), sizeof t);
-    const uint64_t kbytes = c->page_toff - c->page_qoff;
-    if (memcmp(t.magic, "TRKVPAGE", 8) || t.layer != (uint32_t)r->layer ||
-        t.page != (uint32_t)page || t.key_copy_bytes != kbytes ||
-        t.hash != tr_kv_hash64(&t, offsetof(page_trailer_view, hash), 0) ||
-        t.key_copy_hash != tr_kv_hash64(dst, kbytes, 0))
-        return fail(r, TR_E_IO,
-                    "checksum mismatch in the key copy of layer %d, page %d: the file was changed "
-                    "or the storage is failing",
-                    r->layer, page);
+    char msg[TR_CSD_MSG] = "";
+    const int32_t layer = (int32_t)(j->owner >> 24), P = c->page_tokens;
+    atomic_fetch_add(&g->c->bytes_storage, j->got);
+    if (j->err || j->got < j->need) {
+        snprintf(msg, sizeof msg, "reading layer %d at byte %llu failed: %s", layer,
+                 (unsigned long long)j->offset, j->err ? strerror(j->err) : "short read");
+    } else if (j->sub == UINT32_MAX) { /* a page's key copy and trailer */
+        const int32_t page = (int32_t)(j->owner & 0xffffff);
+        page_trailer_view t;
+        const uint8_t *d = j->dst;
+        const uint64_t kbytes = c->page_toff - c->page_qoff;
+        memcpy(&t, d + kbytes, sizeof t);
+        if (memcmp(t.magic, "TRKVPAGE", 8) || t.layer != (uint32_t)layer ||
+            t.page != (uint32_t)page || t.key_copy_bytes != kbytes ||
+            t.hash != tr_kv_hash64(&t, offsetof(page_trailer_view, hash), 0) ||
+            t.key_copy_hash != tr_kv_hash64(d, kbytes, 0))
+            snprintf(msg, sizeof msg,
+                     "checksum mismatch in the key copy of layer %d, page %d: the file was "
+                     "changed or the storage is failing",
+                     layer, page);
+        else
+            g->loaded[(size_t)layer * (size_t)g->n_pages + (size_t)page] = 1;
+    } else { /* a run of records: sub = index of its first hash, owner low bits = its position */
+        const int32_t pos = (int32_t)(j->owner & 0xffffff);
+        const int32_t n = (int32_t)(j->len / c->rec);
+        for (int32_t k = 0; k < n && !msg[0]; k++)
+            if (tr_kv_hash64((const uint8_t *)j->dst + (size_t)k * c->rec, c->rec, 0) !=
+                g->hashes[j->sub + (uint32_t)k])
+                snprintf(msg, sizeof msg,
+                         "checksum mismatch in layer %d, page %d (position %d): the file was "
+                         "changed or the storage is failing",
+                         layer, (pos + k) / P, pos + k);
+    }
+    pthread_mutex_lock(&g->mu);
+    if (msg[0] && !g->failed) {
+        g->failed = 1;
+        memcpy(g->msg, msg, sizeof msg);
+    }
+    if (--g->pending == 0) pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static int run_jobs(agent *g, tr_csd_req *r, int32_t n) {
+    if (!n) return 0;
+    g->failed = 0;
+    g->pending = n;
+    for (int32_t i = 0; i + 1 < n; i++) g->jobs[i].next = &g->jobs[i + 1];
+    g->jobs[n - 1].next = NULL;
+    tr_io_pool_submit(g->io, &g->jobs[0], &g->jobs[n - 1]);
+    pthread_mutex_lock(&g->mu);
+    while (g->pending > 0) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    if (g->failed) return fail(r, TR_E_IO, "%s", g->msg);
     return 0;
+}
+
+typedef struct score_ctx {
+    agent *g;
+    const tr_csd_req *r;
+    atomic_int_fast64_t next;
+} score_ctx;
+
+static void score_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    score_ctx *s = ctx;
+    agent *g = s->g;
+    const tr_csd_ctl *c = g->c;
+    const tr_csd_req *r = s->r;
+    const int32_t nh = c->n_head, nkv = c->n_head_kv, G = nh / nkv, pad = c->hdk_pad;
+    const int32_t a = r->a, n = r->b - r->a, P = c->page_tokens;
+    const tr_vec_dot_fn dot = g->kern->vec_dot[c->qtype];
+    const uint8_t *q8 = g->base + c->off_q8;
+    int64_t b, e;
+    while (tr_claim(&s->next, n, 64, &b, &e))
+        for (int32_t kh = 0; kh < nkv; kh++)
+            for (int32_t h = kh * G; h < (kh + 1) * G; h++) {
+                const uint8_t *qh = q8 + (size_t)h * c->q8row;
+                float *hs = g->hs + (size_t)h * (size_t)n;
+                for (int64_t i = b; i < e; i++) {
+                    const int32_t t = a + (int32_t)i;
+                    const uint8_t *row =
+                        page_keys(g, r->layer, t / P) + ((size_t)(t % P) * nkv + kh) * c->qrow;
+                    float v;
+                    dot(pad, &v, row, qh);
+                    hs[i] = v * r->scale;
+                }
+            }
 }
 
 static int do_score(agent *g, tr_csd_req *r) {
     const tr_csd_ctl *c = g->c;
-    const int32_t nh = c->n_head, nkv = c->n_head_kv, G = nh / nkv, pad = c->hdk_pad;
+    const int32_t nh = c->n_head, pad = c->hdk_pad;
     const int32_t a = r->a, b = r->b, n = b - a, P = c->page_tokens;
     if (r->layer < 0 || r->layer >= c->n_layer || a < 0 || b > c->n_ctx || n <= 0)
         return fail(r, TR_E_ARG, "score request: layer %d, positions [%d, %d)", r->layer, a, b);
-    const tr_vec_dot_fn dot = g->kern->vec_dot[c->qtype];
-    const uint8_t *q8 = g->base + c->off_q8;
-    const int32_t chunk = c->chunk;
-    for (int32_t c0 = a; c0 < b; c0 += chunk) {
-        const uint64_t t0 = tr_io_now_ns();
-        const int32_t c1 = c0 + chunk < b ? c0 + chunk : b;
-        uint64_t bytes = 0;
-        for (int32_t pg = c0 / P; pg <= (c1 - 1) / P; pg++) {
-            if (read_keys(g, r, pg, g->pbuf)) return -1;
-            bytes += g->pregion;
-            const int32_t t_lo = pg * P > c0 ? pg * P : c0;
-            const int32_t t_hi = (pg + 1) * P < c1 ? (pg + 1) * P : c1;
-            for (int32_t kh = 0; kh < nkv; kh++)
-                for (int32_t h = kh * G; h < (kh + 1) * G; h++) {
-                    const uint8_t *qh = q8 + (size_t)h * c->q8row;
-                    float *hs = g->hs + (size_t)h * (size_t)n;
-                    for (int32_t t = t_lo; t < t_hi; t++) {
-                        float v;
-                        const uint8_t *row = g->pbuf + ((size_t)(t % P) * nkv + kh) * c->qrow;
-                        dot(pad, &v, row, qh);
-                        hs[t - a] = v * r->scale;
-                    }
-                }
-        }
-        const double flops = 2.0 * pad * nh * (double)(c1 - c0);
-        pace(t0, fmax(rate_time((double)bytes, c->gbps), c->gflops > 0 ? flops / (c->gflops * 1e9) : 0));
-        atomic_fetch_add(&g->c->busy_ns, tr_io_now_ns() - t0);
+    const uint64_t t0 = tr_io_now_ns();
+    /* pages not read yet come from storage, all in flight together, verified on arrival */
+    int32_t nj = 0;
+    uint64_t bytes = 0;
+    for (int32_t pg = a / P; pg <= (b - 1) / P; pg++) {
+        if (g->loaded[(size_t)r->layer * (size_t)g->n_pages + (size_t)pg]) continue;
+        g->jobs[nj++] = (tr_io_job){
+            .fd = TR_CSD_FD_LAYER + r->layer,
+            .direct = c->direct != 0,
+            .offset = c->data_off + (uint64_t)pg * c->page_bytes + c->page_qoff,
+            .len = g->pregion,
+            .need = g->pregion,
+            .dst = page_keys(g, r->layer, pg),
+            .owner = ((uint32_t)r->layer << 24) | (uint32_t)pg,
+            .sub = UINT32_MAX};
+        bytes += g->pregion;
     }
+    if (run_jobs(g, r, nj)) return -1;
+    score_ctx sc = {.g = g, .r = r};
+    atomic_init(&sc.next, 0);
+    tr_pool_run(g->pool, score_task, &sc);
+    const double flops = 2.0 * pad * nh * (double)n;
+    pace(t0, fmax(rate_time((double)bytes, c->gbps), c->gflops > 0 ? flops / (c->gflops * 1e9) : 0));
     float *m = (float *)(g->base + c->off_stats);
     double *z = (double *)(g->base + c->off_stats + (uint64_t)nh * 4);
     for (int32_t h = 0; h < nh; h++) tr_kv_group_stats(g->hs + (size_t)h * n, n, &m[h], &z[h]);
     atomic_fetch_add(&g->c->bytes_scores, (uint64_t)nh * 12);
+    atomic_fetch_add(&g->c->busy_ns, tr_io_now_ns() - t0);
     g->a = a;
     g->b = b;
     g->layer = r->layer;
@@ -175,37 +260,29 @@ static int do_rows(agent *g, tr_csd_req *r) {
         r->n_runs > c->ws_cap)
         return fail(r, TR_E_ARG, "rows request: layer %d, %d runs", r->layer, r->n_runs);
     const tr_csd_run *runs = (const tr_csd_run *)(g->base + c->off_runs[r->which]);
-    const uint64_t *hashes = (const uint64_t *)(g->base + c->off_hashes[r->which]);
+    g->hashes = (const uint64_t *)(g->base + c->off_hashes[r->which]);
     uint8_t *ws = g->base + c->off_ws;
     const uint64_t t0 = tr_io_now_ns();
     uint64_t bytes = 0;
+    const int32_t P = c->page_tokens;
     for (int32_t i = 0; i < r->n_runs; i++) {
         const tr_csd_run *u = &runs[i];
         if (u->n < 1 || u->slot < 0 || u->slot + u->n > c->ws_cap || u->pos < 0 ||
-            u->pos + u->n > c->n_ctx || (u->pos % c->page_tokens) + u->n > c->page_tokens)
+            u->pos + u->n > c->n_ctx || (u->pos % P) + u->n > P || u->hash0 < 0 ||
+            u->hash0 + u->n > c->ws_cap)
             return fail(r, TR_E_ARG, "rows request: run %d (%d tokens at %d)", i, u->n, u->pos);
-        const int32_t P = c->page_tokens;
-        tr_io_job j = {.fd = TR_CSD_FD_LAYER + r->layer,
-                       .direct = c->direct != 0,
-                       .offset = c->data_off + (uint64_t)(u->pos / P) * c->page_bytes +
-                                 (uint64_t)(u->pos % P) * c->rec,
-                       .len = (uint64_t)u->n * c->rec,
-                       .dst = ws + (size_t)u->slot * c->rec};
-        j.need = j.len;
-        tr_io_read(&j);
-        atomic_fetch_add(&c->bytes_storage, j.got);
-        if (j.err || j.got < j.need)
-            return fail(r, TR_E_IO, "reading layer %d, page %d failed: %s", r->layer, u->pos / P,
-                        j.err ? strerror(j.err) : "short read");
-        for (int32_t k = 0; k < u->n; k++)
-            if (tr_kv_hash64(ws + (size_t)(u->slot + k) * c->rec, c->rec, 0) !=
-                hashes[u->hash0 + k])
-                return fail(r, TR_E_IO,
-                            "checksum mismatch in layer %d, page %d (position %d): the file was "
-                            "changed or the storage is failing",
-                            r->layer, (u->pos + k) / P, u->pos + k);
-        bytes += j.len;
+        g->jobs[i] = (tr_io_job){.fd = TR_CSD_FD_LAYER + r->layer,
+                                 .direct = c->direct != 0,
+                                 .offset = c->data_off + (uint64_t)(u->pos / P) * c->page_bytes +
+                                           (uint64_t)(u->pos % P) * c->rec,
+                                 .len = (uint64_t)u->n * c->rec,
+                                 .need = (uint64_t)u->n * c->rec,
+                                 .dst = ws + (size_t)u->slot * c->rec,
+                                 .owner = ((uint32_t)r->layer << 24) | (uint32_t)u->pos,
+                                 .sub = (uint32_t)u->hash0};
+        bytes += (uint64_t)u->n * c->rec;
     }
+    if (run_jobs(g, r, r->n_runs)) return -1;
     pace(t0, fmax(rate_time((double)bytes, c->gbps), rate_time((double)bytes, c->link_gbps)));
     atomic_fetch_add(&c->bytes_rows, bytes);
     atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
@@ -237,15 +314,29 @@ int main(int argc, char **argv) {
     agent g = {.c = m, .base = m, .kern = tr_kernels_best(), .layer = -1};
     tr_csd_ctl *c = g.c;
     g.pregion = (size_t)(c->page_bytes - c->page_qoff);
+    g.pstride = (g.pregion + 4095) / 4096 * 4096;
+    g.n_pages = (c->n_ctx + c->page_tokens - 1) / c->page_tokens;
     const size_t hs_bytes = (size_t)c->n_head * (size_t)c->n_ctx * 4;
+    const size_t keys_bytes = (size_t)c->n_layer * (size_t)g.n_pages * g.pstride;
+    const int32_t n_jobs = g.n_pages > c->ws_cap ? g.n_pages : c->ws_cap;
     g.hs = malloc(hs_bytes);
     g.tmp = malloc((size_t)c->chunk * 4);
-    if (posix_memalign((void **)&g.pbuf, 4096, (g.pregion + 4095) / 4096 * 4096)) g.pbuf = NULL;
-    if (!g.hs || !g.tmp || !g.pbuf) {
-        fprintf(stderr, "terrace-storaged: out of memory\n");
+    g.loaded = calloc((size_t)c->n_layer * (size_t)g.n_pages, 1);
+    g.jobs = calloc((size_t)n_jobs, sizeof *g.jobs);
+    /* reserved, not committed: memory grows with the pages scored */
+    g.keys = mmap(NULL, keys_bytes, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    tr_error err = {0};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!g.hs || !g.tmp || !g.loaded || !g.jobs || g.keys == MAP_FAILED ||
+        tr_pool_create(ncpu > 0 ? (int)ncpu : 1, &g.pool, &err) ||
+        tr_io_pool_create(64, io_done, &g, &g.io, &err)) {
+        fprintf(stderr, "terrace-storaged: out of memory or threads %s\n", err.msg);
         return 2;
     }
-    atomic_store(&c->mem_bytes, hs_bytes + (size_t)c->chunk * 4 + g.pregion);
+    atomic_store(&c->mem_bytes, hs_bytes + (size_t)c->chunk * 4 + keys_bytes);
     atomic_store(&c->ready, 1);
     for (;;) {
         if (pthread_mutex_lock(&c->mu) == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
@@ -255,7 +346,7 @@ int main(int argc, char **argv) {
             ts.tv_sec += 1;
             if (pthread_cond_timedwait(&c->to_agent, &c->mu, &ts) == EOWNERDEAD)
                 pthread_mutex_consistent(&c->mu);
-            if (getppid() != host) return 0;
+            if (getppid() != host) _exit(0); /* the runtime is gone */
         }
         tr_csd_req *r = &c->ring[c->taken % TR_CSD_RING];
         c->taken++;
@@ -273,6 +364,15 @@ int main(int argc, char **argv) {
         c->completed++;
         pthread_cond_broadcast(&c->to_host);
         pthread_mutex_unlock(&c->mu);
-        if (op == TR_CSD_OP_QUIT) return 0;
+        if (op == TR_CSD_OP_QUIT) break;
     }
+    tr_io_pool_free(g.io);
+    tr_pool_free(g.pool);
+    munmap(g.keys, keys_bytes);
+    free(g.hs);
+    free(g.tmp);
+    free(g.loaded);
+    free(g.jobs);
+    munmap(m, probe.total);
+    return 0;
 }

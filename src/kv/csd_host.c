@@ -243,17 +243,29 @@ tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err) {
     kv->ws = (uint8_t *)m + c->off_ws;
 
     /* the agent finds the region and the segment files at fixed descriptor numbers */
+    /* (through copies above that range first: a source descriptor inside it would be
+     * overwritten by an earlier dup2 of the sequence) */
+    const int n_fd = s->n_layer + 1, hi = TR_CSD_FD_LAYER + s->n_layer + 16;
+    int *tmp = malloc(sizeof(int) * (size_t)n_fd);
+    if (!tmp) return tr_fail(err, TR_E_NOMEM, "KV storage agent: out of memory");
+    bool ok = true;
+    for (int i = 0; i < n_fd; i++) {
+        tmp[i] = fcntl(i ? kv->layers[i - 1].fd : kv->csd_fd, F_DUPFD_CLOEXEC, hi);
+        ok = ok && tmp[i] >= 0;
+    }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, kv->csd_fd, TR_CSD_FD_SHM);
-    for (int32_t l = 0; l < s->n_layer; l++)
-        posix_spawn_file_actions_adddup2(&fa, kv->layers[l].fd, TR_CSD_FD_LAYER + l);
+    for (int i = 0; i < n_fd && ok; i++)
+        posix_spawn_file_actions_adddup2(&fa, tmp[i], i ? TR_CSD_FD_LAYER + i - 1 : TR_CSD_FD_SHM);
     char ppid[32];
     snprintf(ppid, sizeof ppid, "%d", (int)getpid());
     char *argv[] = {bin, "--host-pid", ppid, NULL};
     pid_t pid = 0;
-    const int r = posix_spawn(&pid, bin, &fa, NULL, argv, environ);
+    const int r = ok ? posix_spawn(&pid, bin, &fa, NULL, argv, environ) : errno;
     posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < n_fd; i++)
+        if (tmp[i] >= 0) close(tmp[i]);
+    free(tmp);
     if (r) return tr_fail(err, TR_E_IO, "KV storage agent: cannot start %s: %s", bin, strerror(r));
     kv->csd_pid = pid;
     const uint64_t t0 = tr_io_now_ns();

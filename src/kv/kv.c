@@ -177,8 +177,13 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (o->cold) d += L * n_ctx * 8 + o->page_bytes;  /* record hashes, page buffer */
     if (o->cold && p->bkp != TR_KV_BKP_OFF) /* last moves; victims, candidates */
         d += L * n_ctx * 4 + slots * 12 + ws * 4;
-    if (o->cold && p->csd) /* the shared region holds the working set (counted above) */
+    if (o->cold && p->csd) { /* the shared region holds the working set (counted above) */
         d += tr_kv_csd_region_bytes(s, ws, o->q8row, rec) - ws * rec + nh * 16;
+        /* the agent's own memory, when it runs on this machine: its copy of the key copies
+         * (filled as pages are scored) and one layer's per-head scores */
+        d += L * (uint64_t)o->n_pages * round_up(o->page_bytes - o->page_qoff, 4096) +
+             nh * n_ctx * 4;
+    }
     if (tiered) d += L * nkv * (n_ctx * o->qrow + (uint64_t)o->hdk_pad * 4);
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
     if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;     /* masses, the row's scores per head */
