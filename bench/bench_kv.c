@@ -263,6 +263,7 @@ int main(int argc, char **argv) {
     const char *bkp = "off";
     double csd_gbps = 0, csd_gflops = 0, csd_link = 0;
     int32_t csd_chunk = 0;
+    double beta = -1;
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
@@ -270,7 +271,8 @@ int main(int argc, char **argv) {
         {"io-threads", 1, 0, 'i'}, {"plan", 0, 0, 'P'},  {"read-gap", 1, 0, 'g'},
         {"smooth", 1, 0, 'S'},     {"rho", 1, 0, 'R'},   {"bkp", 1, 0, 'B'},
         {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
-        {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {0, 0, 0, 0}};
+        {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
+        {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'c': cold = optarg; break;
@@ -290,6 +292,7 @@ int main(int argc, char **argv) {
         case 'F': csd_gflops = atof(optarg); break;
         case 'L': csd_link = atof(optarg); break;
         case 'K': csd_chunk = atoi(optarg); break;
+        case 'E': beta = atof(optarg); break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
         case 'g': { /* a list: the steps are measured once per value, on the same fill */
@@ -327,6 +330,7 @@ int main(int argc, char **argv) {
     p.csd_gflops = csd_gflops;
     p.csd_link_gbps = csd_link;
     p.csd_chunk = csd_chunk;
+    p.beta = (float)beta;
     const uint64_t dram = tr_kv_dram_bytes(&shape, &p) * (uint64_t)batch;
     const uint64_t cold_need = tr_kv_cold_bytes_needed(&shape, &p) * (uint64_t)batch;
     if (plan) {
@@ -399,7 +403,9 @@ int main(int argc, char **argv) {
                "\"csd_gbps\": %g, \"csd_gflops\": %g, \"csd_link_gbps\": %g, "
                "\"csd_score_bytes\": %.0f, \"csd_row_bytes\": %.0f, \"csd_storage_bytes\": %.0f, "
                "\"promotions\": %.1f, \"demotions\": %.1f, \"pingpong\": %.1f, "
-               "\"migrated_bytes\": %.0f, \"hot_hit_rate\": %.4f, \"csd_mem_bytes\": %llu}\n",
+               "\"migrated_bytes\": %.0f, \"hot_hit_rate\": %.4f, \"csd_mem_bytes\": %llu, "
+               "\"beta_set\": %g, \"beta\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
+               "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
                kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
@@ -412,7 +418,8 @@ int main(int argc, char **argv) {
                bkp, csd ? "true" : "false", csd_gbps, csd_gflops, csd_link, r.csd_scores,
                r.csd_rows, r.csd_storage, r.promotions, r.demotions, r.pingpong, r.migrated,
                r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
-               (unsigned long long)fin.csd_mem_bytes);
+               (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.f_c, fin.f_s, fin.b_c,
+               fin.b_s, fin.alpha_c, fin.alpha_s);
         fflush(stdout);
     }
     for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);

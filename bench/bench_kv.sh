@@ -10,6 +10,10 @@
 #
 #   CTXS="8192 16384 32768"  BATCH8_CTXS="8192"  EXTRA_POLICIES="h2o quest"  STEPS=3
 #   KV_COLD=DIR (default build/bench/kv-cold)    COLD_LIMIT_GB=40 (skip configurations above)
+#   AGENT=1: also tiered with the storage agent (terrace-storaged) at every context, unthrottled
+#   and throttled to a SmartSSD-like profile (SSD_GBPS / SSD_GFLOPS / SSD_LINK), and the BKP
+#   comparison (off / naive / on over BKP_STEPS decode steps at BKP_CTX); AGENT_ONLY=1 runs just
+#   those (with offload and tiered again at each context) and adds them to the last results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bench/bench_kv
@@ -51,7 +55,8 @@ rm -f "$probe"
 dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-1); u=$i}} END {if (u=="MB/s") v=v/1000; print v}')
 echo "$dd_gbs" > build/bench/kv-dd.txt
 
-: > "$JSONL"
+# AGENT_ONLY=1 adds to the last run's results (offload and tiered re-measured next to the agent)
+[ -n "${AGENT_ONLY:-}" ] || : > "$JSONL"
 run() { # label policy ctx batch [extra bench_kv flags...]
     local label=$1 pol=$2 ctx=$3 batch=$4
     shift 4
@@ -92,10 +97,35 @@ PY
     echo 0 > "$CG/memory.max_usage_in_bytes" 2>/dev/null || true
 }
 
+SSD_GBPS=${SSD_GBPS:-2.0}; SSD_GFLOPS=${SSD_GFLOPS:-8}; SSD_LINK=${SSD_LINK:-3.2}
+ONLY=${AGENT_ONLY:-}
+if [ -z "$ONLY" ]; then
 for ctx in $CTXS; do
     run offload offload "$ctx" 1
     run tiered tiered "$ctx" 1
 done
+fi
+if [ "${AGENT:-1}" = 1 ]; then
+    for ctx in $CTXS; do
+        [ -n "$ONLY" ] && { run offload offload "$ctx" 1; run tiered tiered "$ctx" 1; }
+        run "tiered + agent" tiered "$ctx" 1 --csd
+        run "tiered + agent, SmartSSD-like" tiered "$ctx" 1 --csd --csd-gbps "$SSD_GBPS" \
+            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK"
+    done
+    # APP: latency against beta (host / agent share of the scoring), the agent SmartSSD-like
+    for beta in ${BETAS:-0 0.25 0.5 1 2 4 8}; do
+        run "beta sweep, beta $beta" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
+            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --beta "$beta"
+    done
+    run "beta sweep, beta from APP" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
+        --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --steps 8
+    for b in off naive on; do
+        run "tiered, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --steps "${BKP_STEPS:-48}"
+        run "tiered + agent, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --csd --steps "${BKP_STEPS:-48}"
+    done
+fi
+[ -n "$ONLY" ] && { rmdir "$CG" 2>/dev/null || true; }
+if [ -z "$ONLY" ]; then
 for ctx in $BATCH8_CTXS; do
     run offload offload "$ctx" 8
     run tiered tiered "$ctx" 8
@@ -106,6 +136,7 @@ run "tiered, read gap 0 / 2" tiered "$last" 1 --read-gap 0,2
 run "tiered, iid keys" tiered "$last" 1 --smooth 0
 for pol in $EXTRA_POLICIES; do run "$pol" "$pol" "$last" 1; done
 rmdir "$CG" 2>/dev/null || true
+fi
 fi
 
 python3 - "$JSONL" "$OUT" "$dd_gbs" "$THREADS" "$STEPS" <<'PY'
@@ -177,6 +208,60 @@ for (lab, ctx, b), d in sorted(by.items(), key=lambda x: (x[0][2], x[0][1])):
         tgt = ("bytes " + ("met" if br <= 0.30 else "MISSED") + ", speed " + ("met" if sp >= 3 else "MISSED"))
     L.append(f"| {ctx} | {b} | {100 * br:.1f}% | {sp:.2f}x | {tgt} |")
 L.append("")
+ag = [d for d in rows if "step_ms" in d and (d.get("csd") or d.get("bkp", "off") != "off")
+      and not d.get("label", "").startswith("beta sweep")]
+if ag:
+    L.append("## Storage agent (HIE) and bidirectional pools (BKP)\n")
+    L.append("`terrace-storaged` scores the tokens whose pages are on storage (from its own copy of the "
+             "key copies, read and verified once) and returns the selected rows, read on its own 64 I/O "
+             "threads and verified; the host scores the open page, the sinks and the window meanwhile and "
+             "merges. SmartSSD-like: the agent throttled to " + "storage/link/compute as labelled in "
+             "bench_kv.sh (defaults 2.0 GB/s, 3.2 GB/s, 8 GFLOP/s). Agent -> host bytes per step: score "
+             "blocks (position + score) and K/V rows; the bound is alpha x the cold pool's K/V bytes + the "
+             "score blocks. BKP rows run more decode steps (hit counts need history); hot hit rate = "
+             "selected tokens found in the hot pool; ping-pong = moves reversing one within 64 steps.\n")
+    L.append("| run | ctx | step ms | vs offload | vs tiered (host) | agent->host MiB: scores + rows | bound MiB | hot hit % | ping-pong / step | promotions / step | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for d in ag:
+        lab, ctx = d.get("label", d["policy"]), d["ctx"]
+        o = by.get(("offload", ctx, d["batch"]))
+        t = by.get(("tiered", ctx, d["batch"]))
+        cold_kv = ctx * (1 - 1 / 16) * 32 * 16384
+        sc, rw = d.get("csd_score_bytes", 0), d.get("csd_row_bytes", 0)
+        L.append(f"| {lab} | {ctx} | {d['step_ms']:.0f} | "
+                 f"{(o['step_ms'] / d['step_ms']):.2f}x | " if o else f"| {lab} | {ctx} | {d['step_ms']:.0f} | – | ")
+        L[-1] += (f"{(t['step_ms'] / d['step_ms']):.2f}x | " if t else "– | ")
+        L[-1] += (f"{sc / 2**20:.1f} + {rw / 2**20:.1f} | {(d['alpha'] * cold_kv + sc) / 2**20:.0f} | "
+                  if d.get("csd") else "– | – | ")
+        L[-1] += (f"{100 * d.get('hot_hit_rate', 0):.1f} | {d.get('pingpong', 0):.0f} | "
+                  f"{d.get('promotions', 0):.0f} | {d['load_before']:.1f}/{d['load_after']:.1f} |")
+    L.append("")
+sw = [d for d in rows if "step_ms" in d and d.get("label", "").startswith("beta sweep")]
+if sw:
+    L.append("## APP: step latency against beta\n")
+    L.append("beta = tokens scored by the host / tokens scored by the agent among those on storage "
+             "(the host takes the most recent; its share capped by the hot pool). The agent "
+             "SmartSSD-like (as above). \"from APP\": beta chosen every step from the measured "
+             "rates (host and agent scoring rate f_c, f_s; hot-pool copy and agent row rates B_c, "
+             "B_s; each part's selected fraction), its last value shown.\n")
+    L.append("| beta | ctx | step ms | f_c M tok/s | f_s M tok/s | B_c GB/s | B_s GB/s | alpha_c / alpha_s | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    for d in sw:
+        auto = d.get("beta_set", -1) < 0
+        L.append(f"| {'APP: ' if auto else ''}{d['beta']:.2f} | {d['ctx']} | {d['step_ms']:.0f} | "
+                 f"{d['f_c'] / 1e6:.2f} | {d['f_s'] / 1e6:.2f} | {d['b_c'] / 1e9:.1f} | "
+                 f"{d['b_s'] / 1e9:.2f} | {d['alpha_c']:.3f} / {d['alpha_s']:.3f} | "
+                 f"{d['load_before']:.1f}/{d['load_after']:.1f} |")
+    fixed = [d for d in sw if d.get("beta_set", -1) >= 0]
+    autos = [d for d in sw if d.get("beta_set", -1) < 0]
+    if fixed and autos:
+        best = min(fixed, key=lambda d: d["step_ms"])
+        a = autos[-1]
+        L.append("")
+        L.append(f"Sweep minimum at beta {best['beta']:.2f} ({best['step_ms']:.0f} ms); APP chose "
+                 f"beta {a['beta']:.2f} ({a['step_ms']:.0f} ms, "
+                 f"{100 * (a['step_ms'] / best['step_ms'] - 1):+.0f}% against the minimum).")
+    L.append("")
 # hand-written notes below the marker survive a re-run
 MARK = "<!-- notes: kept by bench_kv.sh -->"
 try:

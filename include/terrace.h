@@ -306,6 +306,9 @@ typedef struct tr_session_params {
     bool csd;
     int32_t csd_chunk;
     double csd_gbps, csd_gflops, csd_link_gbps;
+    /* APP: host-scored / agent-scored tokens among those on storage; < 0 (the default): chosen
+     * every step from the measured rates */
+    float kv_beta;
 } tr_session_params;
 
 typedef struct tr_session_kv_stats {
@@ -319,6 +322,8 @@ typedef struct tr_session_kv_stats {
     uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
     /* the storage agent: bytes agent -> host as scores and as rows, bytes it read */
     uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes;
+    /* APP: the last beta, host and agent scoring rates (tokens/s) */
+    double beta, f_c, f_s;
 } tr_session_kv_stats;
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 

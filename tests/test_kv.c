@@ -1382,6 +1382,9 @@ static void test_csd(void) {
         p[i].csd = i % 2 == 1;
         p[i].csd_chunk = 64; /* several chunks and score blocks per step */
         p[i].bkp = i < 2 ? TR_KV_BKP_OFF : TR_KV_BKP_ON;
+        /* the same split of the tokens on storage between host and agent on both sides (APP
+         * chooses it from measured rates, which differ between runs) */
+        p[i].beta = i < 2 ? 0.5f : 0.0f;
         if (i >= 2) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
         kv[i] = mk(&s, &p[i]);
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
@@ -1427,11 +1430,38 @@ static void test_csd(void) {
                      (unsigned long long)st[i].bytes_read, (unsigned long long)st[i - 1].bytes_read);
         }
         printf("storage agent: %d steps, selections and outputs identical to host scoring "
-               "(plain and chunked + BKP); agent -> host: scores %.1f KiB, rows %.1f KiB; agent "
-               "read %.1f KiB from storage, its memory %.1f KiB\n",
+               "(plain at beta 0.5 and chunked + BKP at beta 0); agent -> host: scores %.1f KiB, "
+               "rows %.1f KiB; agent read %.1f KiB from storage, its memory %.1f KiB\n",
                (s.nctx - N0) * s.nl, (double)st[1].csd_score_bytes / 1024,
                (double)st[1].csd_row_bytes / 1024, (double)st[1].csd_storage_bytes / 1024,
                (double)st[1].csd_mem_bytes / 1024);
+        /* APP: a run with beta chosen from the measured rates */
+        {
+            tr_kv_params pa = p[1];
+            pa.beta = -1.0f;
+            tr_kv *k = mk(&s, &pa);
+            int bad = !k || !fill(k, &d, 0, N0);
+            for (int32_t pos = N0; pos < N0 + 24 && !bad; pos++)
+                for (int32_t l = 0; l < s.nl && !bad; l++) {
+                    query_make(q, &s, pos, 900 + (uint64_t)pos, false);
+                    bad = tr_kv_append(k, l, pos, dk(&d, l, pos), dv(&d, l, pos), &err) ||
+                          tr_kv_attend_rows(k, g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[0], on,
+                                            &err);
+                }
+            tr_kv_stats sa;
+            if (k) tr_kv_get_stats(k, &sa);
+            TU_CHECK(!bad && sa.f_c > 0 && sa.f_s > 0 && sa.b_s > 0 && sa.beta > 0 &&
+                         isfinite(sa.beta),
+                     "APP: %s beta %.3g from f_c %.3g f_s %.3g B_s %.3g", bad ? err.msg : "",
+                     k ? sa.beta : 0.0, k ? sa.f_c : 0.0, k ? sa.f_s : 0.0, k ? sa.b_s : 0.0);
+            if (k && !bad)
+                printf("APP: beta %.2f from host scoring %.2f M tokens/s, agent %.2f M tokens/s, "
+                       "hot-pool copies %.2f GB/s, agent rows %.2f GB/s, selected fractions host "
+                       "%.3f / agent %.3f\n",
+                       sa.beta, sa.f_c / 1e6, sa.f_s / 1e6, sa.b_c / 1e9, sa.b_s / 1e9, sa.alpha_c,
+                       sa.alpha_s);
+            tr_kv_free(k);
+        }
 
         /* failures, on a fresh short run of cache 1's configuration */
         for (int f = 0; f < 3; f++) {

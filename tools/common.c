@@ -16,7 +16,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CSD, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CSD, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_CHUNKS,
 };
 
 typedef struct flag {
@@ -76,6 +76,7 @@ static const flag k_flags[] = {
     {"--csd-gbps", F_CSDGBPS, true, "R      storage agent: throttle its storage reads to R GB/s"},
     {"--csd-gflops", F_CSDGFLOPS, true, "R    storage agent: throttle its scoring to R GFLOP/s"},
     {"--csd-link-gbps", F_CSDLINK, true, "R storage agent: throttle its link to the host to R GB/s"},
+    {"--kv-beta", F_KVBETA, true, "B        storage agent: host/agent share of the scoring (default: from measured rates)"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
@@ -265,6 +266,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_KVCOLD: o->kv.kv_cold_dir = v; break;
         case F_KVKEEP: o->kv.kv_keep = true; break;
         case F_CSD: o->kv.csd = true; break;
+        case F_KVBETA: if (!parse_float(a, v, 0.0, 1e6, &o->kv.kv_beta)) return false; break;
         case F_CSDCHUNK: if (!cli_parse_int(a, v, 16, 1 << 20, &n)) return false; o->kv.csd_chunk = (int32_t)n; break;
         case F_CSDGBPS: case F_CSDGFLOPS: case F_CSDLINK: {
             float r;

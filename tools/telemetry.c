@@ -119,7 +119,8 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                     "\"kv_cold_bytes\": %llu, \"kv_selected\": %llu, \"kv_bytes_read\": %llu, "
                     "\"kv_score_ms\": %.3f, \"kv_attn_ms\": %.3f, \"kv_promotions\": %llu, "
                     "\"kv_demotions\": %llu, \"kv_pingpong\": %llu, \"kv_migrated_bytes\": %llu, "
-                    "\"kv_hot_hit_rate\": %.5f",
+                    "\"kv_hot_hit_rate\": %.5f, \"kv_agent_score_bytes\": %llu, "
+                    "\"kv_agent_row_bytes\": %llu, \"kv_beta\": %.4f",
                     kv.policy, (long long)kv.tokens, (unsigned long long)kv.hot_bytes,
                     (unsigned long long)kv.cold_bytes, (unsigned long long)kv.selected,
                     (unsigned long long)kv.bytes_read, kv.score_ms, kv.attn_ms,
@@ -127,7 +128,9 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                     (unsigned long long)kv.pingpong, (unsigned long long)kv.migrated_bytes,
                     kv.sel_hot + kv.sel_cold
                         ? (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold)
-                        : 0.0);
+                        : 0.0,
+                    (unsigned long long)kv.csd_score_bytes, (unsigned long long)kv.csd_row_bytes,
+                    kv.beta);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
         fputs("}\n", t->f);

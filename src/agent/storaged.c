@@ -221,6 +221,7 @@ static int do_score(agent *g, tr_csd_req *r) {
     for (int32_t h = 0; h < nh; h++) tr_kv_group_stats(g->hs + (size_t)h * n, n, &m[h], &z[h]);
     atomic_fetch_add(&g->c->bytes_scores, (uint64_t)nh * 12);
     atomic_fetch_add(&g->c->busy_ns, tr_io_now_ns() - t0);
+    atomic_fetch_add(&g->c->score_ns, tr_io_now_ns() - t0);
     g->a = a;
     g->b = b;
     g->layer = r->layer;
@@ -245,6 +246,7 @@ static int do_finish(agent *g, tr_csd_req *r) {
         pace(t0, rate_time((double)bytes, c->link_gbps));
         atomic_fetch_add(&c->bytes_scores, bytes);
         atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
+        atomic_fetch_add(&c->score_ns, tr_io_now_ns() - t0);
         /* publish the block, then wake the host under the lock (no lost wakeup) */
         atomic_store(&c->produced, (int64_t)i1);
         pthread_mutex_lock(&c->mu);
@@ -286,6 +288,7 @@ static int do_rows(agent *g, tr_csd_req *r) {
     pace(t0, fmax(rate_time((double)bytes, c->gbps), rate_time((double)bytes, c->link_gbps)));
     atomic_fetch_add(&c->bytes_rows, bytes);
     atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
+    atomic_fetch_add(&c->rows_ns, tr_io_now_ns() - t0);
     return 0;
 }
 

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
-#define TR_CSD_VERSION 1
+#define TR_CSD_VERSION 2
 #define TR_CSD_RING    4
 #define TR_CSD_MSG     1024
 /* the descriptors the agent finds: the shared region, then one segment file per layer */
@@ -84,6 +84,7 @@ typedef struct tr_csd_ctl {
     _Atomic int32_t ready;             /* the agent is up */
     /* counters, written by the agent */
     _Atomic uint64_t bytes_scores, bytes_rows, bytes_storage, busy_ns, mem_bytes;
+    _Atomic uint64_t score_ns, rows_ns; /* the agent's time in scoring and in row requests */
 } tr_csd_ctl;
 
 typedef struct tr_csd_entry {

@@ -337,17 +337,20 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
                        layer);
     tr_kv_prepare_query(kv, layer, q);
     memcpy(base + c->off_q8, kv->q8, (size_t)nh * kv->q8row);
+    const uint64_t agent0 = atomic_load(&c->score_ns);
     tr_csd_req r = {.op = TR_CSD_OP_SCORE, .layer = layer, .a = a, .b = b, .scale = scale};
     uint64_t seq;
     tr_status st = post(kv, &r, &seq, err);
     if (st) return st;
     /* group B on the host while the agent scores group A */
     const size_t stride = (size_t)n;
+    const uint64_t h0 = tr_io_now_ns();
     tr_kv_score_heads(kv, pool, layer, cand, n_a, n, stride, scale);
     float *m_b = kv->csd_m, *c_a = kv->csd_c, *c_b = kv->csd_c + nh;
     double *z_b = kv->csd_z;
     for (int32_t h = 0; h < nh; h++)
         tr_kv_group_stats(kv->hs + (size_t)h * stride + n_a, n - n_a, &m_b[h], &z_b[h]);
+    uint64_t host_ns = tr_io_now_ns() - h0;
     if ((st = wait_done(kv, seq, err))) return st;
     const float *m_a = (const float *)(base + c->off_stats);
     const double *z_a = (const double *)(base + c->off_stats + (uint64_t)nh * 4);
@@ -356,7 +359,9 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     atomic_store(&c->produced, 0);
     r.op = TR_CSD_OP_FINISH;
     if ((st = post(kv, &r, &seq, err))) return st;
+    const uint64_t h1 = tr_io_now_ns();
     tr_kv_group_score(kv->hs, stride, nh, c_b, 1, n_a, n, out);
+    host_ns += tr_io_now_ns() - h1;
     /* merge the agent's blocks as they arrive */
     const tr_csd_entry *e = (const tr_csd_entry *)(base + c->off_scores);
     int64_t got = 0;
@@ -378,7 +383,35 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     if (got < n_a)
         return tr_fail(err, TR_E_INTERNAL, "KV storage agent: layer %d: %lld of %d scores",
                        layer, (long long)got, n_a);
+    /* APP: this step's scoring rates */
+    const double tc = (double)host_ns / (double)(n - n_a);
+    const double ts = (double)(atomic_load(&c->score_ns) - agent0) / (double)n_a;
+    kv->app_tc = kv->app_tc > 0 ? 0.9 * kv->app_tc + 0.1 * tc : tc;
+    kv->app_ts = kv->app_ts > 0 ? 0.9 * kv->app_ts + 0.1 * ts : ts;
     return TR_OK;
+}
+
+void tr_kv_app_note_rows(tr_kv *kv, uint64_t hot_bytes, uint64_t hot_ns, uint64_t agent_bytes,
+                         uint64_t agent_ns) {
+    if (hot_bytes && hot_ns) {
+        const double r = (double)hot_bytes / (double)hot_ns;
+        kv->app_bc = kv->app_bc > 0 ? 0.9 * kv->app_bc + 0.1 * r : r;
+    }
+    if (agent_bytes && agent_ns) {
+        const double r = (double)agent_bytes / (double)agent_ns;
+        kv->app_bs = kv->app_bs > 0 ? 0.9 * kv->app_bs + 0.1 * r : r;
+    }
+}
+
+double tr_kv_app_beta(const tr_kv *kv) {
+    if (kv->params.beta >= 0.0f) return kv->params.beta;
+    if (!(kv->app_tc > 0 && kv->app_ts > 0)) return 1.0; /* nothing measured yet: an even split */
+    const double rec = (double)kv->rec;
+    const double ac = kv->app_ac > 0 ? kv->app_ac : kv->params.alpha;
+    const double as = kv->app_as > 0 ? kv->app_as : kv->params.alpha;
+    const double cc = kv->app_tc + (kv->app_bc > 0 ? ac * rec / kv->app_bc : 0.0);
+    const double cs = kv->app_ts + (kv->app_bs > 0 ? as * rec / kv->app_bs : 0.0);
+    return cs / cc;
 }
 
 /* ---- rows ------------------------------------------------------------------------------------- */
@@ -407,6 +440,7 @@ void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *se
     }
     G->n_jobs = nr;
     G->bytes = (uint64_t)nh * kv->rec;
+    G->csd_rows_ns0 = atomic_load(&c->rows_ns);
     G->csd_seq = 0;
     G->failed = false;
     if (!nr) return;
@@ -431,6 +465,7 @@ tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err) {
     if (!st) {
         kv->bytes_read += G->bytes;
         kv->read_ops += (uint64_t)G->n_jobs;
+        tr_kv_app_note_rows(kv, 0, 0, G->bytes, atomic_load(&kv->csd_ctl->rows_ns) - G->csd_rows_ns0);
     }
     G->n_jobs = 0;
     return st;

@@ -27,8 +27,12 @@
 
 tr_kv_params tr_kv_default_params(void) {
     /* alpha 0.2: HillInfer's (and H2O's) importance rate */
-    return (tr_kv_params){
-        .policy = TR_KV_FULL, .alpha = 0.2f, .n_sink = 4, .n_window = 64, .score_bits = 8};
+    return (tr_kv_params){.policy = TR_KV_FULL,
+                          .alpha = 0.2f,
+                          .n_sink = 4,
+                          .n_window = 64,
+                          .score_bits = 8,
+                          .beta = -1.0f};
 }
 
 static const char *const policy_names[] = {"full", "offload", "h2o", "quest", "tiered"};
@@ -605,6 +609,13 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->migrated_bytes = kv->migrated_bytes;
     o->sel_hot = kv->sel_hot;
     o->sel_cold = kv->sel_cold;
+    o->beta = kv->app_beta;
+    o->f_c = kv->app_tc > 0 ? 1e9 / kv->app_tc : 0;
+    o->f_s = kv->app_ts > 0 ? 1e9 / kv->app_ts : 0;
+    o->b_c = kv->app_bc * 1e9;
+    o->b_s = kv->app_bs * 1e9;
+    o->alpha_c = kv->app_ac;
+    o->alpha_s = kv->app_as;
     tr_kv_csd_counters(kv, &o->csd_score_bytes, &o->csd_row_bytes, &o->csd_storage_bytes,
                        &o->csd_busy_ns, &o->csd_mem_bytes);
 }

@@ -96,6 +96,10 @@ typedef struct tr_kv_params {
     double csd_gbps, csd_gflops, csd_link_gbps; /* throttles; 0: none */
     const char *csd_bin;  /* the agent's executable; NULL: $TERRACE_STORAGED, else next to the
                              running program (or one directory up) */
+    /* APP: beta = tokens scored by the host / tokens scored by the agent, among those on storage
+     * (the host takes the most recent ones). < 0 (default): chosen every step from the measured
+     * rates (see tr_kv_app_beta); >= 0: fixed (--kv-beta, for sweeps; 0 = the agent scores all) */
+    float beta;
 } tr_kv_params;
 
 typedef struct tr_kv_shape {
@@ -173,6 +177,10 @@ typedef struct tr_kv_stats {
     /* the storage agent, cumulative: bytes agent -> host as scores and as K/V rows, bytes it
      * read from storage, its busy time, its own memory */
     uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes, csd_busy_ns, csd_mem_bytes;
+    /* APP: the last beta and the rates it came from: host and agent scoring (tokens/s), host and
+     * agent row rates (bytes/s: DRAM copy, agent reads to the shared working set), the measured
+     * selection fractions of the host's and the agent's parts */
+    double beta, f_c, f_s, b_c, b_s, alpha_c, alpha_s;
 } tr_kv_stats;
 void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);
 

@@ -519,11 +519,16 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
     }
     G->pending = kv->csd ? 0 : G->n_jobs;
     if (G->n_jobs && !kv->csd) tr_io_pool_submit(kv->io, &G->jobs[0], &G->jobs[G->n_jobs - 1]);
+    const uint64_t t0 = kv->csd ? tr_io_now_ns() : 0;
+    uint64_t copied = 0;
     for (int32_t i = 0; i < n; i++) {
         const tr_kv_tok *t = &L->tok[sel[i]];
-        if (t->where == TR_KV_TOK_HOT)
+        if (t->where == TR_KV_TOK_HOT) {
             memcpy(kv->ws + (size_t)(slot0 + i) * rec, L->hot + (size_t)t->slot * rec, rec);
+            copied += rec;
+        }
     }
+    if (kv->csd) tr_kv_app_note_rows(kv, copied, tr_io_now_ns() - t0, 0, 0);
 }
 
 tr_status tr_kv_gather_wait(tr_kv *kv, int which, tr_error *err) {

@@ -94,7 +94,8 @@ typedef struct tr_kv_gather {
     bool failed;
     char err_msg[4608];
     uint64_t bytes;
-    uint64_t csd_seq; /* the storage agent's request for this gather */
+    uint64_t csd_seq;      /* the storage agent's request for this gather */
+    uint64_t csd_rows_ns0; /* the agent's rows time when it was posted */
 } tr_kv_gather;
 
 struct tr_kv {
@@ -158,6 +159,12 @@ struct tr_kv {
     char csd_dead[512]; /* why the agent is gone; empty while it runs */
     float *csd_m, *csd_c; /* [n_head] group B max; [2][n_head] factors */
     double *csd_z;        /* [n_head] group B sum */
+    /* APP: exponential averages of the measured rates (0: not measured yet), the current beta */
+    double app_tc, app_ts;       /* ns per token scored: host, agent */
+    double app_bc, app_bs;       /* bytes per ns of rows: hot-pool copies, agent reads */
+    double app_ac, app_as;       /* selected fraction of the host's / agent's part */
+    double app_beta;
+    int32_t app_host_lo;         /* this step's split: the host scores written positions >= it */
     /* BKP scratch: [hot_slots] */
     int32_t *bkp_pos;
     float *bkp_key;
@@ -211,6 +218,13 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
 void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
                           int32_t slot0);
 tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err);
+
+/* ---- APP (csd_host.c) ---- */
+/* beta for the next step from the measured rates (DESIGN.md: equal time on both paths,
+ * n_c/f_c + a_c n_c rec/B_c = n_s/f_s + a_s n_s rec/B_s), the host's part capped by the hot pool */
+double tr_kv_app_beta(const tr_kv *kv);
+void tr_kv_app_note_rows(tr_kv *kv, uint64_t hot_bytes, uint64_t hot_ns, uint64_t agent_bytes,
+                         uint64_t agent_ns);
 
 /* ---- kv_cold.c: segment files, page format, hashes, reads ---- */
 uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed);

@@ -440,10 +440,20 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
             for (int32_t t = win_lo > c_lo ? win_lo : c_lo; t <= pos; t++)
                 if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_all++] = t;
         }
-        /* group A: the candidates whose pages are on storage (a prefix: cand is ascending) */
+        /* group A: the candidates whose pages are on storage (a prefix: cand is ascending),
+         * less the most recent of them that APP gives the host (beta = host / agent tokens; the
+         * host's share at most the hot pool, its budget). Without an agent only a fixed beta
+         * splits, so that host scoring reproduces the agent's groups exactly. */
         int32_t n_a = 0;
         const int32_t written = kv->cold ? L->pages_written * TR_KV_PAGE : 0;
         while (n_a < n_cand && cand[n_a] < written) n_a++;
+        if (kv->csd || p->beta >= 0.0f) {
+            const double beta = kv->csd ? tr_kv_app_beta(kv) : (double)p->beta;
+            int32_t n_c = (int32_t)lround((double)n_a * beta / (1.0 + beta));
+            if (n_c > kv->hot_slots) n_c = kv->hot_slots;
+            kv->app_beta = beta;
+            n_a -= n_c;
+        }
         if (kv->csd && n_a > 0) {
             tr_status st = tr_kv_csd_score(kv, pool, layer, q, scale, cand, n_all, n_a,
                                            kv->cscore, err);
@@ -453,7 +463,17 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         }
         for (int32_t i = 0; i < n_cand; i++) sel[i] = i;
         tr_kv_topk(kv->cscore, sel, n_cand, k);
-        for (int32_t i = 0; i < k; i++) mark[cand[sel[i]]] = 1;
+        int32_t k_a = 0;
+        for (int32_t i = 0; i < k; i++) {
+            mark[cand[sel[i]]] = 1;
+            k_a += sel[i] < n_a;
+        }
+        /* APP: how selective each part is (BKP skews it: the hot part holds more winners) */
+        if (n_a > 0 && n_cand > n_a) {
+            const double as = (double)k_a / n_a, ac = (double)(k - k_a) / (n_cand - n_a);
+            kv->app_as = kv->app_as > 0 ? 0.9 * kv->app_as + 0.1 * as : as;
+            kv->app_ac = kv->app_ac > 0 ? 0.9 * kv->app_ac + 0.1 * ac : ac;
+        }
     } else if (!all && p->policy == TR_KV_QUEST) {
         /* query heads rounded to F16, as the attention sees them */
         const int32_t hdk = kv->shape.head_dim_k;

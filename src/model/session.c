@@ -12,7 +12,8 @@
 #include "model/session.h"
 
 tr_session_params tr_session_default_params(void) {
-    return (tr_session_params){.n_ctx = 0, .n_batch = 0, .kv_sink = -1, .kv_window = -1};
+    return (tr_session_params){
+        .n_ctx = 0, .n_batch = 0, .kv_sink = -1, .kv_window = -1, .kv_beta = -1.0f};
 }
 
 static uint64_t kv_bytes_of(const tr_model *m, int32_t n_ctx) {
@@ -47,6 +48,7 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     kp.csd_gbps = p->csd_gbps;
     kp.csd_gflops = p->csd_gflops;
     kp.csd_link_gbps = p->csd_link_gbps;
+    kp.beta = p->kv_beta;
     for (int32_t l = 0; l < hp->n_layer; l++)
         if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
             return tr_fail(err, TR_E_UNSUPPORTED,
@@ -83,6 +85,9 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->csd_score_bytes = st.csd_score_bytes;
     out->csd_row_bytes = st.csd_row_bytes;
     out->csd_storage_bytes = st.csd_storage_bytes;
+    out->beta = st.beta;
+    out->f_c = st.f_c;
+    out->f_s = st.f_s;
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */
