@@ -1387,6 +1387,7 @@ static void test_csd(void) {
         p[i].beta = i < 2 ? 0.5f : 0.0f;
         if (i >= 2) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
         kv[i] = mk(&s, &p[i]);
+        if (kv[i]) kv[i]->read_gap = 0; /* as the agent reads: the same gathered lists */
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
     }
     {

@@ -327,7 +327,9 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     kv->q8row = pl.q8row;
     kv->agg = TR_KV_AGG_PSUM;
     kv->eq_mode = TR_KV_EQ_ABSMAX;
-    kv->read_gap = KV_READ_GAP;
+    /* the agent serves scattered reads on its own I/O threads, and joined reads would carry
+     * unselected rows across the link */
+    kv->read_gap = params->csd ? 0 : KV_READ_GAP;
     kv->data_off = pl.data_off;
     kv->page_bytes = pl.page_bytes;
     kv->page_qoff = pl.page_qoff;
