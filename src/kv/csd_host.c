@@ -424,19 +424,14 @@ void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *se
     tr_csd_run *runs = (tr_csd_run *)((uint8_t *)c + c->off_runs[which]);
     uint64_t *hashes = (uint64_t *)((uint8_t *)c + c->off_hashes[which]);
     int32_t nr = 0, nh = 0;
-    for (int32_t i = 0; i < n;) {
+    for (int32_t i = 0, j; i < n; i = j) {
         const int32_t pos = sel[i];
-        if (L->tok[pos].where != TR_KV_TOK_COLD) {
-            i++;
+        if ((j = tr_kv_cold_run_end(L, sel, n, i)) == i) {
+            j++;
             continue;
         }
-        int32_t j = i + 1;
-        while (j < n && sel[j] == sel[j - 1] + 1 && sel[j] / TR_KV_PAGE == pos / TR_KV_PAGE &&
-               L->tok[sel[j]].where == TR_KV_TOK_COLD)
-            j++;
         runs[nr++] = (tr_csd_run){.pos = pos, .n = j - i, .slot = slot0 + i, .hash0 = nh};
         for (int32_t t = pos; t < pos + (j - i); t++) hashes[nh++] = L->hash[t];
-        i = j;
     }
     G->n_jobs = nr;
     G->bytes = (uint64_t)nh * kv->rec;

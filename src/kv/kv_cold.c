@@ -478,6 +478,15 @@ static void gather_done(void *ctx, tr_io_job *j) {
     pthread_mutex_unlock(&G->mu);
 }
 
+int32_t tr_kv_cold_run_end(const tr_kv_layer *L, const int32_t *sel, int32_t n, int32_t i) {
+    if (L->tok[sel[i]].where != TR_KV_TOK_COLD) return i;
+    int32_t j = i + 1;
+    while (j < n && sel[j] == sel[j - 1] + 1 && sel[j] / TR_KV_PAGE == sel[i] / TR_KV_PAGE &&
+           L->tok[sel[j]].where == TR_KV_TOK_COLD)
+        j++;
+    return j;
+}
+
 void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
                         int32_t slot0) {
     tr_kv_gather *G = &kv->gath[which];
@@ -492,16 +501,12 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
     if (kv->cold && kv->csd) {
         tr_kv_csd_rows_start(kv, which, layer, sel, n, slot0);
     } else if (kv->cold) {
-        for (int32_t i = 0; i < n;) {
+        for (int32_t i = 0, j; i < n; i = j) {
             const int32_t pos = sel[i];
-            if (L->tok[pos].where != TR_KV_TOK_COLD) {
-                i++;
+            if ((j = tr_kv_cold_run_end(L, sel, n, i)) == i) {
+                j++;
                 continue;
             }
-            int32_t j = i + 1;
-            while (j < n && sel[j] == sel[j - 1] + 1 && sel[j] / TR_KV_PAGE == pos / TR_KV_PAGE &&
-                   L->tok[sel[j]].where == TR_KV_TOK_COLD)
-                j++;
             tr_io_job *job = &G->jobs[G->n_jobs];
             *job = (tr_io_job){.fd = L->fd,
                                .direct = kv->direct,
@@ -514,7 +519,6 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
             job->need = job->len;
             if (G->n_jobs) G->jobs[G->n_jobs - 1].next = job;
             G->job_pos[G->n_jobs++] = pos;
-            i = j;
         }
     }
     G->pending = kv->csd ? 0 : G->n_jobs;

@@ -251,6 +251,9 @@ uint64_t tr_kv_page_offset(const tr_kv *kv, int32_t page);
  * now, cold runs are queued on the I/O workers; tr_kv_gather_wait returns their status */
 void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
                         int32_t slot0);
+/* the end of the run of cold positions that starts at sel[i] (consecutive, one page): i if
+ * sel[i] is not cold */
+int32_t tr_kv_cold_run_end(const tr_kv_layer *L, const int32_t *sel, int32_t n, int32_t i);
 tr_status tr_kv_gather_wait(tr_kv *kv, int which, tr_error *err);
 tr_status tr_kv_io_init(tr_kv *kv, tr_error *err);
 void tr_kv_io_free(tr_kv *kv);
