@@ -56,6 +56,8 @@ int cmd_logits(int argc, char **argv) {
         {"kv-sink", required_argument, NULL, 'S'},    {"kv-window", required_argument, NULL, 'W'},
         {"kv-score-bits", required_argument, NULL, 'B'},
         {"kv-bkp", required_argument, NULL, 'O'},
+        {"csd", no_argument, NULL, 'Q'},
+        {"kv-beta", required_argument, NULL, 'J'},
         {"top1", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
@@ -98,6 +100,8 @@ int cmd_logits(int argc, char **argv) {
         case 'W': sp.kv_window = atoi(optarg); break;
         case 'B': sp.kv_score_bits = atoi(optarg); break;
         case 'O': sp.kv_bkp = optarg; break;
+        case 'Q': sp.csd = true; break;
+        case 'J': sp.kv_beta = (float)atof(optarg); break;
         case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
         default:
             cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);

@@ -77,6 +77,23 @@ def main():
                 if got is not None:
                     top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
                     print(f"  {label:18s} {pol:8s} alpha=0.2 hot   top-1 vs full {100 * top1:.1f}%")
+            # placement (BKP) and the storage agent never change what tiered computes: the same
+            # logits, bit for bit, as host scoring with static placement (the same beta split)
+            sel = ["--kv-policy", "tiered", "--kv-alpha", "0.2", "--kv-window", "16", "--kv-sink",
+                   "4", "--kv-hot", "64K", "--kv-cold", cold, "--kv-beta", "0.5"]
+            base, e = logits(path, toks, sel, os.path.join(tmp, "b.f32"))
+            check(base is not None, f"{label} tiered cold alpha=0.2: {e}")
+            for extra in (["--kv-bkp", "on"], ["--kv-bkp", "naive"], ["--csd"],
+                          ["--csd", "--kv-bkp", "on"]):
+                got, e = logits(path, toks, sel + extra, os.path.join(tmp, "p.f32"))
+                check(got is not None, f"{label} tiered {' '.join(extra)}: {e}")
+                if got is None or base is None:
+                    continue
+                same = bool(np.array_equal(got, base))
+                check(same, f"{label} tiered {' '.join(extra)}: logits differ from host scoring "
+                            f"({float(np.abs(got - base).max()):.2e})")
+                print(f"  {label:18s} tiered {' '.join(extra):18s} alpha=0.2 cold: "
+                      f"{'identical to' if same else 'DIFFERENT from'} host scoring, static placement")
         if REAL and os.path.exists(REAL):
             # natural text (random ids would give near-tie predictions everywhere)
             text = ("In the beginning God created the heaven and the earth. And the earth was "
