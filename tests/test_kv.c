@@ -1436,6 +1436,29 @@ static void test_csd(void) {
                (s.nctx - N0) * s.nl, (double)st[1].csd_score_bytes / 1024,
                (double)st[1].csd_row_bytes / 1024, (double)st[1].csd_storage_bytes / 1024,
                (double)st[1].csd_mem_bytes / 1024);
+        /* truncate into the middle of the stored pages and continue with other tokens: the
+         * agent must drop its copies of the rewritten pages' keys */
+        {
+            data d2;
+            data_make(&d2, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 4242, false);
+            const int32_t cut = N0 - 37;
+            int tdiff = 0, tfail = 0;
+            for (int i = 0; i < 2; i++) tfail |= tr_kv_truncate(kv[i], cut, &err) != TR_OK;
+            for (int32_t pos = cut; pos < cut + 120 && !tfail; pos++)
+                for (int32_t l = 0; l < s.nl && !tfail; l++) {
+                    query_make(q, &s, pos, 333 + (uint64_t)pos, false);
+                    for (int i = 0; i < 2 && !tfail; i++)
+                        tfail |= tr_kv_append(kv[i], l, pos, dk(&d2, l, pos), dv(&d2, l, pos),
+                                              &err) ||
+                                 tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL,
+                                                   0, o[i], on, &err);
+                    tdiff += !tfail && memcmp(o[0], o[1], on * sizeof(float)) != 0;
+                }
+            TU_CHECK(!tfail && tdiff == 0,
+                     "agent after a truncate: %d outputs differ from host scoring (%s)", tdiff,
+                     tfail ? err.msg : "");
+            data_free(&d2);
+        }
         /* APP: a run with beta chosen from the measured rates */
         {
             tr_kv_params pa = p[1];

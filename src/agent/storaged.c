@@ -194,6 +194,9 @@ static int do_score(agent *g, tr_csd_req *r) {
     if (r->layer < 0 || r->layer >= c->n_layer || a < 0 || b > c->n_ctx || n <= 0)
         return fail(r, TR_E_ARG, "score request: layer %d, positions [%d, %d)", r->layer, a, b);
     const uint64_t t0 = tr_io_now_ns();
+    if (r->inval_from >= 0 && r->inval_from < g->n_pages) /* rewritten since: read them again */
+        memset(g->loaded + (size_t)r->layer * (size_t)g->n_pages + (size_t)r->inval_from, 0,
+               (size_t)(g->n_pages - r->inval_from));
     /* pages not read yet come from storage, all in flight together, verified on arrival */
     int32_t nj = 0;
     uint64_t bytes = 0;

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
-#define TR_CSD_VERSION 2
+#define TR_CSD_VERSION 3
 #define TR_CSD_RING    4
 #define TR_CSD_MSG     1024
 /* the descriptors the agent finds: the shared region, then one segment file per layer */
@@ -49,6 +49,8 @@ typedef struct tr_csd_req {
     int32_t n_runs; /* ROWS */
     int32_t which;  /* ROWS: run/hash area 0 or 1 */
     float scale;    /* SCORE */
+    int32_t inval_from; /* SCORE: pages of the layer from this one on were rewritten (a truncate
+                           or a restore): the agent's copies of them are stale; -1 none */
     int32_t status; /* filled by the agent: 0 ok, else a tr_status */
     char msg[TR_CSD_MSG];
 } tr_csd_req;

@@ -338,10 +338,17 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     tr_kv_prepare_query(kv, layer, q);
     memcpy(base + c->off_q8, kv->q8, (size_t)nh * kv->q8row);
     const uint64_t agent0 = atomic_load(&c->score_ns);
-    tr_csd_req r = {.op = TR_CSD_OP_SCORE, .layer = layer, .a = a, .b = b, .scale = scale};
+    tr_kv_layer *L = &kv->layers[layer];
+    tr_csd_req r = {.op = TR_CSD_OP_SCORE,
+                    .layer = layer,
+                    .a = a,
+                    .b = b,
+                    .scale = scale,
+                    .inval_from = L->csd_inval == INT32_MAX ? -1 : L->csd_inval};
     uint64_t seq;
     tr_status st = post(kv, &r, &seq, err);
     if (st) return st;
+    L->csd_inval = INT32_MAX;
     /* group B on the host while the agent scores group A */
     const size_t stride = (size_t)n;
     const uint64_t h0 = tr_io_now_ns();

@@ -9,6 +9,7 @@
  * whose page is written is demoted (the window, being newest, goes last). Sinks stay hot; the open
  * page stays hot (it has no cold copy).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,6 +397,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         L->moved = moved ? moved + l * n_ctx : NULL;
         L->step = 1;
         L->att_hi = -1;
+        L->csd_inval = INT32_MAX;
         L->fd = -1;
         L->n_free = (int32_t)slots;
         for (size_t i = 0; i < slots; i++) {
@@ -518,6 +520,8 @@ static void drop_positions(tr_kv *kv, tr_kv_layer *L, int32_t n) {
     }
     L->len = n;
     if (L->att_hi > n - 1) L->att_hi = n - 1;
+    /* pages from the one holding n on may be written again with other tokens */
+    if (L->csd_inval > n / TR_KV_PAGE) L->csd_inval = n / TR_KV_PAGE;
     if (L->pages_written > n / TR_KV_PAGE) L->pages_written = n / TR_KV_PAGE;
     const int32_t lo = n > kv->params.n_sink ? n : kv->params.n_sink;
     if (L->demote_next > lo) L->demote_next = lo;

@@ -77,6 +77,8 @@ typedef struct tr_kv_layer {
                               move, 0 never moved */
     uint32_t step;         /* decode steps (selective rows) of this layer, from 1 */
     int32_t att_hi;        /* BKP: the highest position a row has attended from, -1 none */
+    int32_t csd_inval;     /* the first page rewritten since the agent last scored this layer
+                              (INT32_MAX: none) */
     int fd;                /* segment file, -1 without a cold pool */
     uint64_t selected;     /* tokens attended at this layer's last attend call (all rows) */
 } tr_kv_layer;
