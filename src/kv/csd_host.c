@@ -25,6 +25,7 @@ extern char **environ;
 
 #define CSD_SLICE_NS (50ull * 1000 * 1000) /* waits check the agent this often */
 #define CSD_START_NS (10ull * 1000 * 1000 * 1000)
+#define APP_MIN_PART 1024 /* tokens: smaller parts do not update the measured scoring rates */
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -390,11 +391,14 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     if (got < n_a)
         return tr_fail(err, TR_E_INTERNAL, "KV storage agent: layer %d: %lld of %d scores",
                        layer, (long long)got, n_a);
-    /* APP: this step's scoring rates */
+    /* APP: this step's scoring rates, from parts big enough that the per-call costs (waking
+     * threads, the request round trip) do not dominate */
     const double tc = (double)host_ns / (double)(n - n_a);
     const double ts = (double)(atomic_load(&c->score_ns) - agent0) / (double)n_a;
-    kv->app_tc = kv->app_tc > 0 ? 0.9 * kv->app_tc + 0.1 * tc : tc;
-    kv->app_ts = kv->app_ts > 0 ? 0.9 * kv->app_ts + 0.1 * ts : ts;
+    if (n - n_a >= APP_MIN_PART || kv->app_tc <= 0)
+        kv->app_tc = kv->app_tc > 0 ? 0.9 * kv->app_tc + 0.1 * tc : tc;
+    if (n_a >= APP_MIN_PART || kv->app_ts <= 0)
+        kv->app_ts = kv->app_ts > 0 ? 0.9 * kv->app_ts + 0.1 * ts : ts;
     return TR_OK;
 }
 
