@@ -10,7 +10,7 @@ For each model and each (policy, alpha), next to `full` on the same inputs:
   - passkey retrieval: a 5-digit number hidden at 10/50/90 % depth in filler text, at 2K..16K
     tokens where the model's context allows; correct if the greedy answer contains it.
 
-usage: kv_quality.py [--quick] [--resume-log FILE] MODEL_KEY...
+usage: kv_quality.py [--quick] [--resume-log FILE] [--report-only] MODEL_KEY...
     keys: smollm2, qwen2 (see scripts/get_model.sh); --resume-log takes the perplexities already
     printed by an interrupted run of the same build (lines "KEY ppl c=CTX POLICY a=ALPHA: PPL")
 """
@@ -159,6 +159,10 @@ def passkey(model, text, ctx, policy, alpha, tmp):
 
 def main():
     import tempfile
+    if "--report-only" in sys.argv:  # rewrite the report and plots from the recorded results
+        with open(os.path.join(OUT_DIR, "kv-quality.json")) as f:
+            write_report(json.load(f))
+        return
     text = kjv()
     # results accumulate per model: a run for one model keeps the other's recorded figures
     jpath = os.path.join(OUT_DIR, "kv-quality.json")
@@ -175,6 +179,7 @@ def main():
             t_model = time.time()
             res = results[key] = {"name": cfg["name"], "ppl": {}, "agree": {}, "passkey": {},
                                   "date": time.strftime("%Y-%m-%d"), "quick": QUICK,
+                                  **({"resumed_from": RESUME} if RESUME else {}),
                                   "ppl_chunks": cfg.get("ppl_chunks", 2),
                                   "reduced": cfg.get("reduced", False)}
             # perplexity: enough text for two chunks at each context (~3.5 chars per token)
@@ -240,7 +245,11 @@ def write_report(results):
     for key, res in results.items():
         lines += [f"## {res['name']}", "",
                   f"Run {res.get('date', '?')}, {res.get('minutes', '?')} min"
-                  f"{' (--quick: the first perplexity context and passkey length only, 128 generated tokens)' if res.get('quick') else ''}.", ""]
+                  f"{' (--quick: the first perplexity context and passkey length only, 128 generated tokens)' if res.get('quick') else ''}"
+                  f"; perplexity over {res.get('ppl_chunks', 2)} chunk(s) at the first context"
+                  f"{'; the reduced set throughout (tiered at every alpha, the baselines at 0.1)' if res.get('reduced') else ''}"
+                  f"; passkey at {', '.join(sorted({k.split('/')[0] for v in res['passkey'].values() for k in v}, key=int))} tokens"
+                  f"{'; the perplexities already printed by an earlier, interrupted run of the same build were taken from its log: ' + res['resumed_from'] if res.get('resumed_from') else ''}.", ""]
         ctxs = list(res["ppl"])
         head = "| policy | alpha | " + " | ".join(f"PPL c={c}" for c in ctxs) + \
                " | top-1 agreement | passkey |"
