@@ -84,15 +84,6 @@ static int fail(tr_csd_req *r, tr_status st, const char *fmt, ...) {
     return -1;
 }
 
-/* read one page's key copy and trailer, verify both */
-typedef struct page_trailer_view {
-    char magic[8];
-    uint32_t layer, page, n_tokens, key_copy_bytes;
-    uint64_t rec_hash[TR_KV_PAGE];
-    uint64_t key_copy_hash;
-    uint64_t hash;
-} page_trailer_view;
-
 /* a storage read finished (on an I/O thread): verify it */
 static void io_done(void *ctx, tr_io_job *j) {
     agent *g = ctx;
@@ -105,13 +96,13 @@ static void io_done(void *ctx, tr_io_job *j) {
                  (unsigned long long)j->offset, j->err ? strerror(j->err) : "short read");
     } else if (j->sub == UINT32_MAX) { /* a page's key copy and trailer */
         const int32_t page = (int32_t)(j->owner & 0xffffff);
-        page_trailer_view t;
+        page_trailer t;
         const uint8_t *d = j->dst;
         const uint64_t kbytes = c->page_toff - c->page_qoff;
         memcpy(&t, d + kbytes, sizeof t);
         if (memcmp(t.magic, "TRKVPAGE", 8) || t.layer != (uint32_t)layer ||
             t.page != (uint32_t)page || t.key_copy_bytes != kbytes ||
-            t.hash != tr_kv_hash64(&t, offsetof(page_trailer_view, hash), 0) ||
+            t.hash != tr_kv_hash64(&t, offsetof(page_trailer, hash), 0) ||
             t.key_copy_hash != tr_kv_hash64(d, kbytes, 0))
             snprintf(msg, sizeof msg,
                      "checksum mismatch in the key copy of layer %d, page %d: the file was "

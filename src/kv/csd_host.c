@@ -396,22 +396,17 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     const double tc = (double)host_ns / (double)(n - n_a);
     const double ts = (double)(atomic_load(&c->score_ns) - agent0) / (double)n_a;
     if (n - n_a >= APP_MIN_PART || kv->app_tc <= 0)
-        kv->app_tc = kv->app_tc > 0 ? 0.9 * kv->app_tc + 0.1 * tc : tc;
+        tr_kv_app_avg(&kv->app_tc, tc);
     if (n_a >= APP_MIN_PART || kv->app_ts <= 0)
-        kv->app_ts = kv->app_ts > 0 ? 0.9 * kv->app_ts + 0.1 * ts : ts;
+        tr_kv_app_avg(&kv->app_ts, ts);
     return TR_OK;
 }
 
 void tr_kv_app_note_rows(tr_kv *kv, uint64_t hot_bytes, uint64_t hot_ns, uint64_t agent_bytes,
                          uint64_t agent_ns) {
-    if (hot_bytes && hot_ns) {
-        const double r = (double)hot_bytes / (double)hot_ns;
-        kv->app_bc = kv->app_bc > 0 ? 0.9 * kv->app_bc + 0.1 * r : r;
-    }
-    if (agent_bytes && agent_ns) {
-        const double r = (double)agent_bytes / (double)agent_ns;
-        kv->app_bs = kv->app_bs > 0 ? 0.9 * kv->app_bs + 0.1 * r : r;
-    }
+    if (hot_bytes && hot_ns) tr_kv_app_avg(&kv->app_bc, (double)hot_bytes / (double)hot_ns);
+    if (agent_bytes && agent_ns)
+        tr_kv_app_avg(&kv->app_bs, (double)agent_bytes / (double)agent_ns);
 }
 
 double tr_kv_app_beta(const tr_kv *kv) {

@@ -24,7 +24,7 @@
  * unselected token cut the reads per step by a fifth for a sixth more bytes (bench/results/kv.md)
  */
 #define KV_READ_GAP      1
-#define KV_TRAILER_BYTES 168 /* see kv_cold.c */
+#define KV_TRAILER_BYTES 168 /* sizeof(page_trailer), kv_internal.h */
 
 tr_kv_params tr_kv_default_params(void) {
     /* alpha 0.2: HillInfer's (and H2O's) importance rate */

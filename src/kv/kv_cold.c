@@ -174,15 +174,6 @@ typedef struct seg_header {
     uint64_t hash; /* of the bytes above */
 } seg_header;
 
-typedef struct page_trailer {
-    char magic[8]; /* "TRKVPAGE" */
-    uint32_t layer, page, n_tokens, key_copy_bytes;
-    uint64_t rec_hash[TR_KV_PAGE];
-    uint64_t key_copy_hash;
-    uint64_t hash; /* of the bytes above */
-} page_trailer;
-_Static_assert(sizeof(page_trailer) == 168, "KV_TRAILER_BYTES in kv.c");
-
 void tr_kv_seg_path(const tr_kv *kv, int32_t layer, char *buf, size_t cap) {
     snprintf(buf, cap, "%s/L%03d.seg", kv->cold_path ? kv->cold_path : "?", layer);
 }

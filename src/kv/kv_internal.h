@@ -222,6 +222,10 @@ void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *se
 tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err);
 
 /* ---- APP (csd_host.c) ---- */
+/* the running averages of the measured rates: the first sample, then 0.9 old + 0.1 new */
+static inline void tr_kv_app_avg(double *avg, double sample) {
+    *avg = *avg > 0 ? 0.9 * *avg + 0.1 * sample : sample;
+}
 /* beta for the next step from the measured rates (DESIGN.md: equal time on both paths,
  * n_c/f_c + a_c n_c rec/B_c = n_s/f_s + a_s n_s rec/B_s), the host's part capped by the hot pool */
 double tr_kv_app_beta(const tr_kv *kv);
@@ -229,6 +233,16 @@ void tr_kv_app_note_rows(tr_kv *kv, uint64_t hot_bytes, uint64_t hot_ns, uint64_
                          uint64_t agent_ns);
 
 /* ---- kv_cold.c: segment files, page format, hashes, reads ---- */
+/* the trailer that ends every cold page (also read by the storage agent) */
+typedef struct page_trailer {
+    char magic[8]; /* "TRKVPAGE" */
+    uint32_t layer, page, n_tokens, key_copy_bytes;
+    uint64_t rec_hash[TR_KV_PAGE];
+    uint64_t key_copy_hash;
+    uint64_t hash; /* of the bytes above */
+} page_trailer;
+_Static_assert(sizeof(page_trailer) == 168, "KV_TRAILER_BYTES in kv.c");
+
 uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed);
 typedef struct tr_kv_hasher {
     uint64_t v[4], total;

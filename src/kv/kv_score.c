@@ -470,9 +470,8 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         }
         /* APP: how selective each part is (BKP skews it: the hot part holds more winners) */
         if (n_a > 0 && n_cand > n_a) {
-            const double as = (double)k_a / n_a, ac = (double)(k - k_a) / (n_cand - n_a);
-            kv->app_as = kv->app_as > 0 ? 0.9 * kv->app_as + 0.1 * as : as;
-            kv->app_ac = kv->app_ac > 0 ? 0.9 * kv->app_ac + 0.1 * ac : ac;
+            tr_kv_app_avg(&kv->app_as, (double)k_a / n_a);
+            tr_kv_app_avg(&kv->app_ac, (double)(k - k_a) / (n_cand - n_a));
         }
     } else if (!all && p->policy == TR_KV_QUEST) {
         /* query heads rounded to F16, as the attention sees them */
