@@ -15,6 +15,13 @@
  *     cache trimmed back after it (the only overcommit).
  *   - Prefill lookups warm the cache but do not count: the hit rate is decode hits / decode
  *     lookups. Budgets are MiB (2^20 bytes).
+ *   - --prefetch N (an experiment, not the live cache's predictor): after each decode batch of
+ *     layer l, the N experts of layer l+1 most often seen with this batch's experts (a
+ *     co-activation count learned online from earlier tokens only) are admitted ahead of use,
+ *     unpinned, at the policy's choice of victims. A lookup that finds a prefetched expert is a
+ *     hit; prefetch reads count in the bytes read, and unused ones as wasted. The trace has no
+ *     hidden states, so the live predictor (the next layer's router applied to this layer's
+ *     input) cannot be replayed; this is the best history-only stand-in we have.
  */
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -25,6 +32,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "core/error.h"
 #include "experts/policy.h"
 #include "experts/trace.h"
 
@@ -61,7 +69,8 @@ typedef struct replay_input {
 typedef struct result {
     uint64_t dec_hits, dec_lookups, hits, lookups;
     uint64_t read_bytes, dec_read_bytes, evictions, over_batches;
-    tr_policy_kind ran; /* auto resolved */
+    uint64_t pf_reads, pf_used, pf_bytes; /* --prefetch: admitted ahead, found by a lookup */
+    tr_policy_kind ran;                   /* auto resolved */
 } result;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -79,7 +88,8 @@ static int cmp_key(const void *x, const void *y) {
     if (p->f != q->f) return p->f < q->f ? -1 : 1;
     CMP(turn)
     CMP(phase)
-    CMP(a) CMP(b) CMP(slot) CMP(idx)
+    CMP(a)
+    CMP(b) CMP(slot) CMP(idx)
 #undef CMP
         return 0;
 }
@@ -191,9 +201,75 @@ static bool build_batches(const tr_trace *t, replay_input *in) {
         if ((s = (x)) != TR_OK) goto done;                                                         \
     } while (0)
 
+/* --prefetch: co-activation counts co[l][e][e'] = decode tokens in which expert e of layer l and
+ * e' of layer l+1 were both chosen, learned as the replay goes (never from the future) */
+typedef struct coact {
+    int32_t n_layer, n_expert, n;
+    uint32_t *co;
+    float *score;
+    uint8_t *pf; /* [n_layer * n_expert]: admitted by prefetch and not looked up since */
+    const batch *prev;
+} coact;
+
+static void coact_learn(coact *c, const replay_input *in, const batch *b) {
+    const batch *a = c->prev;
+    c->prev = b;
+    if (!a || !a->decode || a->layer + 1 != b->layer) return;
+    const int32_t E = c->n_expert;
+    for (size_t i = 0; i < a->nu; i++) {
+        uint32_t *row = c->co + ((size_t)a->layer * E + in->uniq[a->u0 + i]) * E;
+        for (size_t q = 0; q < b->nu; q++) row[in->uniq[b->u0 + q]]++;
+    }
+}
+
+/* prefetches up to n experts of layer b->layer + 1, the ones with the highest count summed
+ * over this batch's experts (ties: lower id); resident ones are skipped without counting */
+static tr_status coact_prefetch(coact *c, const replay_input *in, const batch *b, tr_policy *p,
+                                result *res, tr_error *err) {
+    const int32_t nl = b->layer + 1, E = c->n_expert;
+    if (nl >= c->n_layer || !in->info->expert_bytes[nl]) return TR_OK;
+    const uint64_t eb = in->info->expert_bytes[nl];
+    for (int32_t e = 0; e < E; e++) c->score[e] = 0;
+    for (size_t i = 0; i < b->nu; i++) {
+        const uint32_t *row = c->co + ((size_t)b->layer * E + in->uniq[b->u0 + i]) * E;
+        for (int32_t e = 0; e < E; e++) c->score[e] += (float)row[e];
+    }
+    for (int32_t k = 0; k < c->n; k++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++)
+            if (c->score[e] > 0 && (best < 0 || c->score[e] > c->score[best])) best = e;
+        if (best < 0) break;
+        c->score[best] = 0;
+        if (tr_policy_resident_bytes(p, nl, best)) continue;
+        tr_status s = tr_policy_admit(p, nl, best, eb, 0, err);
+        if (s == TR_E_BUDGET) return TR_OK; /* everything else pinned: no room to read ahead */
+        if (s) return s;
+        c->pf[(size_t)nl * E + best] = 1;
+        res->pf_reads++;
+        res->pf_bytes += eb;
+        res->read_bytes += eb;
+        res->dec_read_bytes += eb;
+    }
+    return TR_OK;
+}
+
 static tr_status run_one(const replay_input *in, tr_policy_kind kind, uint64_t budget,
-                         uint64_t seed, double decay, bool *miss, result *res, tr_error *err) {
+                         uint64_t seed, double decay, int32_t prefetch, bool *miss, result *res,
+                         tr_error *err) {
     const tr_trace_info *info = in->info;
+    const int32_t E = info->n_expert;
+    coact ca = {.n_layer = info->n_layer, .n_expert = E, .n = prefetch};
+    if (prefetch > 0) {
+        ca.co = calloc((size_t)info->n_layer * E * E, sizeof *ca.co);
+        ca.score = calloc((size_t)E, sizeof *ca.score);
+        ca.pf = calloc((size_t)info->n_layer * E, 1);
+        if (!ca.co || !ca.score || !ca.pf) {
+            free(ca.co);
+            free(ca.score);
+            free(ca.pf);
+            return tr_fail(err, TR_E_NOMEM, "out of memory for the co-activation counts");
+        }
+    }
     tr_policy_params pp = {
         .kind = kind,
         .n_layer = info->n_layer,
@@ -221,6 +297,10 @@ static tr_status run_one(const replay_input *in, tr_policy_kind kind, uint64_t b
             bool hit;
             TRY(tr_policy_lookup(p, b->layer, u[q], &hit, err));
             miss[q] = !hit;
+            if (ca.pf && ca.pf[(size_t)b->layer * E + u[q]]) {
+                ca.pf[(size_t)b->layer * E + u[q]] = 0;
+                res->pf_used += hit;
+            }
             if (hit) TRY(tr_policy_pin(p, b->layer, u[q], err));
             res->lookups++;
             res->hits += hit;
@@ -237,6 +317,10 @@ static tr_status run_one(const replay_input *in, tr_policy_kind kind, uint64_t b
             if (b->decode) res->dec_read_bytes += eb;
         }
         for (size_t q = 0; q < b->nu; q++) TRY(tr_policy_unpin(p, b->layer, u[q], err));
+        if (ca.co && b->decode) {
+            coact_learn(&ca, in, b);
+            TRY(coact_prefetch(&ca, in, b, p, res, err));
+        }
         tr_policy_stats st;
         tr_policy_get_stats(p, &st);
         if (st.used_bytes > st.budget_bytes) {
@@ -248,6 +332,9 @@ static tr_status run_one(const replay_input *in, tr_policy_kind kind, uint64_t b
     tr_policy_get_stats(p, &st);
     res->evictions = st.evictions;
 done:
+    free(ca.co);
+    free(ca.score);
+    free(ca.pf);
     tr_policy_free(p);
     return s;
 }
@@ -301,6 +388,8 @@ static void replay_usage(FILE *f) {
             "                   (default: belady,lru,lfu,random,lrfu,layered)\n"
             "  --seed N         seed of the random policy (default 1)\n"
             "  --decay X        lrfu/layered: decay per layer visit, in (0,1] (default 0.9/0.95)\n"
+            "  --prefetch N     also read N experts of the next layer ahead, predicted from\n"
+            "                   co-activation counts learned online (an experiment; default 0)\n"
             "  --json           print the results as one JSON document\n"
             "  -h, --help       this text\n",
             tr_policy_names());
@@ -361,7 +450,7 @@ static void fmt_budget(char *buf, size_t cap, uint64_t b) {
 }
 
 static void print_text(const char *path, const replay_input *in, const uint64_t *budgets, size_t nb,
-                       const tr_policy_kind *pol, size_t np, const result *res) {
+                       const tr_policy_kind *pol, size_t np, const result *res, int prefetch) {
     const tr_trace_info *info = in->info;
     printf("trace   %s\n", path);
     printf("model   %s (%s)\n", base_name(info->model), info->arch);
@@ -401,6 +490,22 @@ static void print_text(const char *path, const replay_input *in, const uint64_t 
         }
         printf("\n");
     }
+    if (prefetch > 0) {
+        printf("\nprefetch %d (co-activation): decode GiB read (prefetched, of them used %%)\n",
+               prefetch);
+        for (size_t i = 0; i < nb; i++) {
+            char b[32];
+            fmt_budget(b, sizeof b, budgets[i]);
+            printf("%-10s", b);
+            for (size_t j = 0; j < np; j++) {
+                const result *r = &res[i * np + j];
+                printf("  %s %.1f (%.1f, %.0f%%)", tr_policy_name(pol[j]),
+                       (double)r->dec_read_bytes / (MIB * 1024), (double)r->pf_bytes / (MIB * 1024),
+                       pct(r->pf_used, r->pf_reads));
+            }
+            printf("\n");
+        }
+    }
     printf(
         "\n(decode-only hit%%: one lookup per distinct expert of a layer step; prefill warms the "
         "cache uncounted;\n <T: budget below one token's working set, where LRU collapses)\n");
@@ -410,7 +515,7 @@ static cJSON *num(double v) { return cJSON_CreateNumber(v); }
 
 static cJSON *build_json(const char *path, const replay_input *in, const uint64_t *budgets,
                          size_t nb, const tr_policy_kind *pol, size_t np, const result *res,
-                         uint64_t seed) {
+                         uint64_t seed, int prefetch) {
     const tr_trace_info *info = in->info;
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "trace", path);
@@ -428,6 +533,7 @@ static cJSON *build_json(const char *path, const replay_input *in, const uint64_
     cJSON_AddItemToObject(d, "working_set_bytes", num((double)in->ws));
     cJSON_AddItemToObject(d, "working_set_mib", num((double)in->ws / MIB));
     cJSON_AddItemToObject(d, "seed", num((double)seed));
+    cJSON_AddItemToObject(d, "prefetch", num(prefetch));
     cJSON *pl = cJSON_AddArrayToObject(d, "policies");
     for (size_t j = 0; j < np; j++)
         cJSON_AddItemToArray(pl, cJSON_CreateString(tr_policy_name(pol[j])));
@@ -460,6 +566,9 @@ static cJSON *build_json(const char *path, const replay_input *in, const uint64_
             cJSON_AddItemToObject(o, "decode_read_bytes", num((double)r->dec_read_bytes));
             cJSON_AddItemToObject(o, "evictions", num((double)r->evictions));
             cJSON_AddItemToObject(o, "batches_over_budget", num((double)r->over_batches));
+            cJSON_AddItemToObject(o, "prefetch_reads", num((double)r->pf_reads));
+            cJSON_AddItemToObject(o, "prefetch_used", num((double)r->pf_used));
+            cJSON_AddItemToObject(o, "prefetch_bytes", num((double)r->pf_bytes));
         }
         cJSON_AddItemToArray(rows, row);
     }
@@ -470,10 +579,15 @@ static cJSON *build_json(const char *path, const replay_input *in, const uint64_
 
 int cmd_replay(int argc, char **argv) {
     static const struct option opts[] = {
-        {"budget", required_argument, NULL, 'b'},   {"budgets", required_argument, NULL, 'b'},
-        {"policies", required_argument, NULL, 'p'}, {"seed", required_argument, NULL, 's'},
-        {"decay", required_argument, NULL, 'd'},    {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+        {"budget", required_argument, NULL, 'b'},
+        {"budgets", required_argument, NULL, 'b'},
+        {"policies", required_argument, NULL, 'p'},
+        {"seed", required_argument, NULL, 's'},
+        {"decay", required_argument, NULL, 'd'},
+        {"json", no_argument, NULL, 'j'},
+        {"prefetch", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     uint64_t budgets[MAX_BUDGETS];
     size_t nb = 0, np = 0;
@@ -481,6 +595,7 @@ int cmd_replay(int argc, char **argv) {
     bool json = false;
     long seed = 1;
     double decay = 0;
+    long prefetch = 0;
     int c;
     optind = 1;
     opterr = 0;
@@ -508,6 +623,9 @@ int cmd_replay(int argc, char **argv) {
                 return usage_error("--decay expects a number in (0, 1], got", optarg);
             break;
         }
+        case 'f':
+            if (!cli_parse_int("--prefetch", optarg, 0, 64, &prefetch)) return CLI_EXIT_USAGE;
+            break;
         case 'j': json = true; break;
         case 'h': replay_usage(stdout); return 0;
         default: return usage_error("unknown or incomplete option", argv[optind - 1]);
@@ -557,8 +675,8 @@ int cmd_replay(int argc, char **argv) {
             break;
         }
         for (size_t j = 0; j < np; j++) {
-            if (run_one(&in, pol[j], budgets[i], (uint64_t)seed, decay, miss, &res[i * np + j],
-                        &err)) {
+            if (run_one(&in, pol[j], budgets[i], (uint64_t)seed, decay, (int32_t)prefetch, miss,
+                        &res[i * np + j], &err)) {
                 cli_error("replay: %s at %llu bytes: %s", tr_policy_name(pol[j]),
                           (unsigned long long)budgets[i], err.msg);
                 rc = CLI_EXIT_ERROR;
@@ -568,7 +686,8 @@ int cmd_replay(int argc, char **argv) {
     }
     if (!rc) {
         if (json) {
-            cJSON *d = build_json(path, &in, budgets, nb, pol, np, res, (uint64_t)seed);
+            cJSON *d =
+                build_json(path, &in, budgets, nb, pol, np, res, (uint64_t)seed, (int)prefetch);
             char *txt = d ? cJSON_Print(d) : NULL;
             if (!txt) {
                 cli_error("replay: out of memory printing JSON");
@@ -579,7 +698,7 @@ int cmd_replay(int argc, char **argv) {
             free(txt);
             cJSON_Delete(d);
         } else {
-            print_text(path, &in, budgets, nb, pol, np, res);
+            print_text(path, &in, budgets, nb, pol, np, res, (int)prefetch);
         }
         if (fflush(stdout) != 0 || ferror(stdout)) {
             cli_error("replay: writing the results failed");
