@@ -17,11 +17,11 @@ CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno -Iinclud
 OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
-LDLIBS  := -lpcre2-8 -lpthread -lm
+LDLIBS  := -lpcre2-8 -lxxhash -lpthread -lm
 CLI_LIBS := -lcjson
 
 LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
-X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c
+X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c src/tensor/x86/hash_avx2.c
 CLI_SRC := $(wildcard tools/*.c)
 
 ifeq ($(ARCH),x86_64)
@@ -30,6 +30,7 @@ endif
 
 # per-file ISA flags: only these files may contain instructions beyond the baseline
 FLAGS_src/tensor/x86/kernels_avx2.c   := -mavx2 -mfma -mf16c
+FLAGS_src/tensor/x86/hash_avx2.c      := -mavx2
 FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl \
                                          -mavx512dq -mavx512vnni
 

@@ -250,7 +250,7 @@ static void usage(void) {
     fprintf(stderr, "usage: bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] "
                     "[--bits 4|8] [--hot-frac F] [--steps S] [--threads T] [--io-threads N] "
                     "[--read-gap G] [--bkp off|on|naive] [--csd] [--csd-gbps R] [--csd-gflops R] "
-                    "[--csd-link-gbps R] [--csd-chunk N] [--plan]\n");
+                    "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--pipe 1..4] [--plan]\n");
     exit(2);
 }
 
@@ -264,6 +264,7 @@ int main(int argc, char **argv) {
     double csd_gbps = 0, csd_gflops = 0, csd_link = 0;
     int32_t csd_chunk = 0;
     double beta = -1;
+    int pipe = 0; /* 0: the cache's default */
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
@@ -272,6 +273,7 @@ int main(int argc, char **argv) {
         {"smooth", 1, 0, 'S'},     {"rho", 1, 0, 'R'},   {"bkp", 1, 0, 'B'},
         {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
+        {"pipe", 1, 0, 'W'},
         {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
@@ -293,6 +295,7 @@ int main(int argc, char **argv) {
         case 'L': csd_link = atof(optarg); break;
         case 'K': csd_chunk = atoi(optarg); break;
         case 'E': beta = atof(optarg); break;
+        case 'W': pipe = atoi(optarg); break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
         case 'g': { /* a list: the steps are measured once per value, on the same fill */
@@ -388,6 +391,7 @@ int main(int argc, char **argv) {
     for (int gi = 0; gi < n_gaps; gi++) {
         for (int i = 0; i < batch; i++)
             if (gaps[gi] >= 0) kv[i]->read_gap = gaps[gi];
+        for (int i = 0; i < batch && pipe > 0; i++) kv[i]->pipe = pipe;
         step_result r;
         if (measure(&B, &r)) return 1;
         tr_kv_stats fin;
@@ -398,6 +402,7 @@ int main(int argc, char **argv) {
                "\"step_ms_min\": %.1f, \"bytes_read\": %.0f, \"dev_read\": %.0f, "
                "\"read_ops\": %.0f, \"selected\": %.0f, \"score_ms\": %.1f, \"attn_ms\": %.1f, "
                "\"io_wait_ms\": %.1f, \"hot_used\": %llu, \"cold_used\": %llu, \"read_gap\": %d, "
+               "\"pipe\": %d, "
                "\"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
                "\"rho\": %.3f, \"runs_per_token\": %.3f, \"bkp\": \"%s\", \"csd\": %s, "
                "\"csd_gbps\": %g, \"csd_gflops\": %g, \"csd_link_gbps\": %g, "
@@ -411,7 +416,7 @@ int main(int argc, char **argv) {
                kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
                r.mean_ms, r.min_ms, r.bytes_read, r.dev_read, r.read_ops, r.selected, r.score_ms,
                r.attn_ms, r.io_ms, (unsigned long long)fin.hot_bytes * batch,
-               (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap,
+               (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap, kv[0]->pipe,
                p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
                (double)g_smooth, (double)g_rho,
                r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0,

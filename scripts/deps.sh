@@ -10,6 +10,7 @@ have_header() { [ -e "/usr/include/$1" ]; }
 have_header cjson/cJSON.h        || need_pkgs+=(libcjson-dev)
 have_header pcre2.h              || need_pkgs+=(libpcre2-dev)
 have_header liburing.h           || need_pkgs+=(liburing-dev)
+have_header xxhash.h             || need_pkgs+=(libxxhash-dev)
 command -v clang >/dev/null      || need_pkgs+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 \
     || need_pkgs+=(libclang-rt-14-dev)

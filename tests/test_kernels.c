@@ -343,6 +343,47 @@ static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, i
     free(x);
 }
 
+/* dot_rows (the KV scoring kernel): rows picked by index from a table whose rows sit row_bytes
+ * apart (more than a row: the agent's page layout), repeated and out of order, against the
+ * reference vec_dot of each row; the table ends the buffer so a read past the last row shows */
+static void check_dot_rows(const tr_kernels *ref, const tr_kernels *fast, int fam, int ti,
+                           int64_t n, tu_rng *r) {
+    const tr_type t = k_types[ti];
+    const size_t rb = tr_type_row_bytes(t, n), abytes = tr_type_row_bytes(TR_TYPE_Q8_0, n);
+    enum { ROWS = 23, PICKS = 41 };
+    for (int gap = 0; gap < 2; gap++) {
+        const size_t stride = rb + (size_t)gap * 3 * rb;
+        const size_t tbytes = stride * (ROWS - 1) + rb;
+        uint8_t *tab = alloc_off(tbytes, 2);
+        char *a = alloc_off(abytes, 2);
+        float *x = malloc((size_t)n * sizeof(float));
+        for (int i = 0; i < ROWS; i++) fill_weights(r, t, tab + (size_t)i * stride, n);
+        fill_acts(r, x, n);
+        ref->from_float[TR_TYPE_Q8_0](x, a, n);
+        int32_t idx[PICKS];
+        float out[PICKS + 1];
+        for (int i = 0; i < PICKS; i++) idx[i] = (int32_t)(tu_next(r) % ROWS);
+        idx[0] = ROWS - 1;
+        out[PICKS] = -1.0f;
+        tr_dot_rows(fast, t, n, PICKS, out, tab, stride, idx, a);
+        TU_CHECK(out[PICKS] == -1.0f, "%s %s dot_rows wrote past its outputs", fast->isa,
+                 tr_type_name(t));
+        stat *st = &g_stat[fam][ti];
+        for (int i = 0; i < PICKS; i++) {
+            const uint8_t *w = tab + (size_t)idx[i] * stride;
+            float want;
+            ref->vec_dot[t](n, &want, w, a);
+            const double mag = magnitude(t, w, a, n), tol = tolerance(t, n, mag, want);
+            TU_CHECK(within(st, out[i], want, tol, mag),
+                     "%s %s dot_rows n=%lld row %d (stride %zu): %.9g vs ref %.9g (tol %.3g)",
+                     fast->isa, tr_type_name(t), (long long)n, idx[i], stride, out[i], want, tol);
+        }
+        free_off(tab, 2);
+        free_off(a, 2);
+        free(x);
+    }
+}
+
 /* Negative control: results of simulated kernel bugs must fail the check. The bugs are made on
  * the reference (so they are exactly what a broken kernel would return for these inputs):
  *   decode - every code byte of the last block XOR 0x11 (two nibbles / bit fields off by one
@@ -558,6 +599,11 @@ int main(void) {
                     check_dots(ref, fams[f], f, ti, is_float_type(t) ? ns[i] : ns[i] * blck, &r);
         }
         check_quantizers(ref, fams[f], &r);
+        /* 1..9 groups of blocks: partial groups and the long-row fallback */
+        for (int ti = 0; ti < N_TYPES; ti++)
+            if (k_types[ti] == TR_TYPE_Q4_0 || k_types[ti] == TR_TYPE_Q8_0)
+                for (int nb = 1; nb <= 40; nb += nb < 10 ? 1 : 7)
+                    check_dot_rows(ref, fams[f], f, ti, nb * 32, &r);
     }
 
     /* matmul: every family (scalar included: it checks the row/column splitting itself) */

@@ -242,8 +242,11 @@ static const shp SHAPES[] = {
 
 static float g_alpha1_worst;
 
-static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, bool small_ws,
+/* ws: 0 whole working set, 1 a small one (read in halves), 2 whole and read in TR_KV_GATHERS
+ * chunks at every size (attended chunk by chunk as they come in) */
+static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, int ws,
                                 const data *d) {
+    const bool small_ws = ws == 1;
     tr_kv_params p = params(pol, 1.0f);
     if (cold) {
         p.hot_bytes = hot_min(s, &p);
@@ -252,6 +255,7 @@ static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, bool 
     if (small_ws) p.ws_bytes = 40ull * (uint64_t)s->nkv * (uint64_t)(s->hdk + s->hdv) * 2;
     tr_kv *kv = mk(s, &p);
     if (!kv) return;
+    if (ws == 2) kv->pipe_min = 1;
     if (!fill(kv, d, 0, s->nctx)) {
         tr_kv_free(kv);
         return;
@@ -298,7 +302,8 @@ static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, bool 
         if (e > worst) worst = e;
     }
     TU_CHECK(worst <= TOL, "%s %s alpha=1 %s%s: max |diff| %.3g > %.3g", s->name,
-             tr_kv_policy_name(pol), cold ? "cold" : "hot", small_ws ? " chunked" : "", worst, TOL);
+             tr_kv_policy_name(pol), cold ? "cold" : "hot",
+             ws == 1 ? " chunked" : ws == 2 ? " pipelined" : "", worst, TOL);
     if (worst > g_alpha1_worst) g_alpha1_worst = worst;
     tr_kv_stats stt;
     tr_kv_get_stats(kv, &stt);
@@ -322,14 +327,14 @@ static void test_alpha1(void) {
         data_make(&d, s->nl, s->nctx, s->nkv, s->hdk, s->hdv, 11 + i, false);
         for (int pol = TR_KV_FULL; pol <= TR_KV_TIERED; pol++)
             for (int cold = 0; cold < 2; cold++)
-                for (int small = 0; small < 2; small++) {
-                    if (pol == TR_KV_FULL && cold) continue;
-                    check_policy_alpha1(s, (tr_kv_policy)pol, cold, small, &d);
+                for (int ws = 0; ws < 3; ws++) {
+                    if ((pol == TR_KV_FULL && cold) || (ws == 2 && !cold)) continue;
+                    check_policy_alpha1(s, (tr_kv_policy)pol, cold, ws, &d);
                 }
         data_free(&d);
     }
     printf("alpha=1, every policy vs reference (MHA/GQA/MQA, hot/cold, whole/chunked working "
-           "set, sinks, SWA, 8-row calls): max |diff| %.2e (tolerance %.1e)\n",
+           "set, pipelined reads, sinks, SWA, 8-row calls): max |diff| %.2e (tolerance %.1e)\n",
            (double)g_alpha1_worst, (double)TOL);
 
     /* the comparison can fail: dropping the single most attended key moves the output by more */
@@ -365,6 +370,34 @@ static void test_alpha1(void) {
 static int cmp_f_desc(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
     return x > y ? -1 : x < y;
+}
+
+/* the record checksum: the SIMD build picked at start, the library's baseline build and the
+ * streaming form give one digest for every length (tails, short inputs, the 16 KiB records) */
+static void test_hash(void) {
+    tu_rng r = {5};
+    const size_t cap = 40000;
+    uint8_t *b = malloc(cap);
+    for (size_t i = 0; i < cap; i++) b[i] = (uint8_t)tu_next(&r);
+    int bad = 0;
+    static const size_t lens[] = {0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 4095, 16384, 39990};
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (size_t off = 0; off < 3; off++) {
+            const size_t n = lens[li];
+            const uint64_t seed = off == 2 ? 0x1234 : 0;
+            const uint64_t a = tr_kv_hash64(b + off, n, seed), c = tr_kv_hash64_ref(b + off, n, seed);
+            tr_kv_hasher h;
+            tr_kv_hasher_init(&h, seed);
+            tr_kv_hasher_update(&h, b + off, n / 3);
+            tr_kv_hasher_update(&h, b + off + n / 3, n - n / 3);
+            bad += a != c || a != tr_kv_hasher_digest(&h);
+        }
+    /* a flipped bit changes the digest */
+    const uint64_t h0 = tr_kv_hash64(b, 16384, 0);
+    b[7777] ^= 8;
+    bad += tr_kv_hash64(b, 16384, 0) == h0;
+    TU_CHECK(bad == 0, "hash: SIMD, baseline and streaming digests agree (%d mismatches)", bad);
+    free(b);
 }
 
 static void test_topk(void) {
@@ -1209,6 +1242,18 @@ static void test_faults(void) {
         TU_CHECK(st == TR_E_IO && strstr(err.msg, "Input/output error"), "read fault: %d %s", st,
                  err.msg);
         printf("read fault: %s\n", err.msg);
+        /* the same with the reads in flight as chunks attended as they arrive (tr_kv.pipe): the
+         * failing chunk is named, the others are waited for, and the cache works afterwards */
+        kv->pipe_min = 1;
+        st = tr_kv_attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, "checksum") && strstr(err.msg, "position 50"),
+                 "corrupted page, pipelined: %d %s", st, err.msg);
+        tr_io_pool_set_faults(kv->io, kv->pool_reads + 3, 0);
+        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, "Input/output error"),
+                 "read fault, pipelined: %d %s", st, err.msg);
+        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        TU_CHECK(st == TR_OK, "layer 0 after a failed pipelined read: %s", err.msg);
         /* the cold files are removed at free */
         char dir[400];
         snprintf(dir, sizeof dir, "%s", tr_kv_cold_path(kv));
@@ -1554,6 +1599,7 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
+    test_hash();
     test_alpha1();
     test_topk();
     test_selection();

@@ -55,6 +55,7 @@ typedef struct agent {
     char msg[TR_CSD_MSG];
     tr_csd_req *cur;
     const uint64_t *hashes;
+    int32_t *iota; /* [page_tokens]: 0, 1, ... (row indices within a page) */
 } agent;
 
 static uint8_t *page_keys(agent *g, int32_t layer, int32_t page) {
@@ -159,21 +160,24 @@ static void score_task(void *ctx, int ith, int nth) {
     const tr_csd_req *r = s->r;
     const int32_t nh = c->n_head, nkv = c->n_head_kv, G = nh / nkv, pad = c->hdk_pad;
     const int32_t a = r->a, n = r->b - r->a, P = c->page_tokens;
-    const tr_vec_dot_fn dot = g->kern->vec_dot[c->qtype];
     const uint8_t *q8 = g->base + c->off_q8;
+    enum { CHUNK = 64 };
+    float v[CHUNK];
     int64_t b, e;
-    while (tr_claim(&s->next, n, 64, &b, &e))
+    /* the same row kernel as the host's scoring (kv_score.c), so the scores are bit-identical;
+     * within a page one KV head's rows are nkv rows apart */
+    while (tr_claim(&s->next, n, CHUNK, &b, &e))
         for (int32_t kh = 0; kh < nkv; kh++)
             for (int32_t h = kh * G; h < (kh + 1) * G; h++) {
                 const uint8_t *qh = q8 + (size_t)h * c->q8row;
                 float *hs = g->hs + (size_t)h * (size_t)n;
-                for (int64_t i = b; i < e; i++) {
-                    const int32_t t = a + (int32_t)i;
-                    const uint8_t *row =
-                        page_keys(g, r->layer, t / P) + ((size_t)(t % P) * nkv + kh) * c->qrow;
-                    float v;
-                    dot(pad, &v, row, qh);
-                    hs[i] = v * r->scale;
+                for (int64_t i = b, cnt; i < e; i += cnt) {
+                    const int32_t t = a + (int32_t)i, off = t % P;
+                    cnt = e - i < P - off ? e - i : P - off;
+                    tr_dot_rows(g->kern, (tr_type)c->qtype, pad, cnt, v,
+                                page_keys(g, r->layer, t / P) + (size_t)kh * c->qrow,
+                                (size_t)nkv * c->qrow, g->iota + off, qh);
+                    for (int64_t k = 0; k < cnt; k++) hs[i + k] = v[k] * r->scale;
                 }
             }
 }
@@ -252,7 +256,7 @@ static int do_finish(agent *g, tr_csd_req *r) {
 
 static int do_rows(agent *g, tr_csd_req *r) {
     tr_csd_ctl *c = g->c;
-    if (r->layer < 0 || r->layer >= c->n_layer || r->which < 0 || r->which > 1 || r->n_runs < 0 ||
+    if (r->layer < 0 || r->layer >= c->n_layer || r->which < 0 || r->which >= TR_CSD_AREAS || r->n_runs < 0 ||
         r->n_runs > c->ws_cap)
         return fail(r, TR_E_ARG, "rows request: layer %d, %d runs", r->layer, r->n_runs);
     const tr_csd_run *runs = (const tr_csd_run *)(g->base + c->off_runs[r->which]);
@@ -320,6 +324,8 @@ int main(int argc, char **argv) {
     g.tmp = malloc((size_t)c->chunk * 4);
     g.loaded = calloc((size_t)c->n_layer * (size_t)g.n_pages, 1);
     g.jobs = calloc((size_t)n_jobs, sizeof *g.jobs);
+    g.iota = c->page_tokens > 0 ? malloc((size_t)c->page_tokens * sizeof *g.iota) : NULL;
+    for (int32_t i = 0; g.iota && i < c->page_tokens; i++) g.iota[i] = i;
     /* reserved, not committed: memory grows with the pages scored */
     g.keys = mmap(NULL, keys_bytes, PROT_READ | PROT_WRITE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -327,7 +333,7 @@ int main(int argc, char **argv) {
     pthread_cond_init(&g.cv, NULL);
     tr_error err = {0};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!g.hs || !g.tmp || !g.loaded || !g.jobs || g.keys == MAP_FAILED ||
+    if (!g.hs || !g.tmp || !g.loaded || !g.jobs || !g.iota || g.keys == MAP_FAILED ||
         tr_pool_create(ncpu > 0 ? (int)ncpu : 1, &g.pool, &err) ||
         tr_io_pool_create(64, io_done, &g, &g.io, &err)) {
         fprintf(stderr, "terrace-storaged: out of memory or threads %s\n", err.msg);
@@ -370,6 +376,7 @@ int main(int argc, char **argv) {
     free(g.tmp);
     free(g.loaded);
     free(g.jobs);
+    free(g.iota);
     munmap(m, probe.total);
     return 0;
 }

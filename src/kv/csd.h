@@ -34,7 +34,8 @@
 #include <stdint.h>
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
-#define TR_CSD_VERSION 3
+#define TR_CSD_VERSION 4
+#define TR_CSD_AREAS   4 /* row requests in flight: one per gather of the host (TR_KV_GATHERS) */
 #define TR_CSD_RING    4
 #define TR_CSD_MSG     1024
 /* the descriptors the agent finds: the shared region, then one segment file per layer */
@@ -47,7 +48,7 @@ typedef struct tr_csd_req {
     int32_t op, layer;
     int32_t a, b;   /* SCORE/FINISH: positions [a, b) */
     int32_t n_runs; /* ROWS */
-    int32_t which;  /* ROWS: run/hash area 0 or 1 */
+    int32_t which;  /* ROWS: run/hash area 0 .. TR_CSD_AREAS-1 */
     float scale;    /* SCORE */
     int32_t inval_from; /* SCORE: pages of the layer from this one on were rewritten (a truncate
                            or a restore): the agent's copies of them are stale; -1 none */
@@ -74,8 +75,8 @@ typedef struct tr_csd_ctl {
     uint64_t off_stats;         /* SCORE result: float max[n_head], then double sum[n_head] */
     uint64_t off_c;             /* FINISH input: float c[n_head] */
     uint64_t off_scores;        /* FINISH output: tr_csd_entry[n_ctx] */
-    uint64_t off_runs[2];       /* ROWS: tr_csd_run[ws_cap] */
-    uint64_t off_hashes[2];     /* ROWS: uint64_t[ws_cap] */
+    uint64_t off_runs[TR_CSD_AREAS];   /* ROWS: tr_csd_run[ws_cap] */
+    uint64_t off_hashes[TR_CSD_AREAS]; /* ROWS: uint64_t[ws_cap] */
     uint64_t off_ws;            /* the compute working set: ws_cap records */
     uint64_t total;
     pthread_mutex_t mu;

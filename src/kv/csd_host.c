@@ -29,13 +29,15 @@ extern char **environ;
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+_Static_assert(TR_CSD_AREAS == TR_KV_GATHERS, "one row area per host gather");
+
 uint64_t tr_kv_csd_region_bytes(const tr_kv_shape *s, uint64_t ws_cap, uint64_t q8row,
                                 uint64_t rec) {
     uint64_t o = align_up(sizeof(tr_csd_ctl), 64);
     o += align_up((uint64_t)s->n_head * q8row, 64);
     o += align_up((uint64_t)s->n_head * 12, 64) + align_up((uint64_t)s->n_head * 4, 64);
     o += align_up((uint64_t)s->n_ctx * sizeof(tr_csd_entry), 64);
-    o += 2 * (align_up(ws_cap * sizeof(tr_csd_run), 64) + align_up(ws_cap * 8, 64));
+    o += TR_CSD_AREAS * (align_up(ws_cap * sizeof(tr_csd_run), 64) + align_up(ws_cap * 8, 64));
     o = align_up(o, 4096) + ws_cap * rec;
     return align_up(o, 4096);
 }
@@ -219,7 +221,7 @@ tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err) {
     o += align_up((uint64_t)s->n_head * 4, 64);
     c->off_scores = o;
     o += align_up((uint64_t)s->n_ctx * sizeof(tr_csd_entry), 64);
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < TR_CSD_AREAS; w++) {
         c->off_runs[w] = o;
         o += align_up(ws_cap * sizeof(tr_csd_run), 64);
         c->off_hashes[w] = o;

@@ -20,6 +20,9 @@
 #include "kv/kv_internal.h"
 
 #define KV_WS_AUTO (64ull << 20)
+/* below this many attended tokens a layer's reads are too few to be worth splitting (tr_kv.pipe) */
+#define KV_PIPE_MIN 1024
+
 /* see tr_kv.read_gap: on a virtio SSD that serves ~60K random reads/s, joining runs across one
  * unselected token cut the reads per step by a fifth for a sixth more bytes (bench/results/kv.md)
  */
@@ -197,7 +200,7 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
     d += (uint64_t)o->n_scratch * (ws * 6 + (uint64_t)s->head_dim_k * 2);
     d += TR_KV_ROW_BLOCK * (nh * 12 + 8);               /* softmax state, ranges */
-    if (o->cold) d += 2 * ws * (sizeof(tr_io_job) + 4); /* gather jobs */
+    if (o->cold) d += TR_KV_GATHERS * ws * (sizeof(tr_io_job) + 4); /* gather jobs */
     d += rec;
     o->dram = d;
     return TR_OK;
@@ -331,6 +334,8 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     /* the agent serves scattered reads on its own I/O threads, and joined reads would carry
      * unselected rows across the link */
     kv->read_gap = params->csd ? 0 : KV_READ_GAP;
+    kv->pipe = TR_KV_GATHERS;
+    kv->pipe_min = KV_PIPE_MIN;
     kv->data_off = pl.data_off;
     kv->page_bytes = pl.page_bytes;
     kv->page_qoff = pl.page_qoff;

@@ -15,6 +15,7 @@
  * instead of after normalisation: the same relative rounding, at a different place.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -246,6 +247,32 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
                   .out_stride = out_stride};
     atomic_init(&j.next, 0);
     tr_status st;
+    const int np = kv->pipe < 1 ? 1 : kv->pipe > TR_KV_GATHERS ? TR_KV_GATHERS : kv->pipe;
+    if (nT <= kv->ws_cap && kv->cold && nT >= kv->pipe_min && np > 1) {
+        /* the selection fits: read it as TR_KV_GATHERS chunks, all in flight at once, and attend
+         * over each chunk (online softmax) as soon as it is in, while the later ones are still
+         * read; the attention's pass over the rows then hides under the storage wait (the chunk
+         * boundaries depend only on nT and pipe, so host and agent paths attend identically) */
+        int32_t bnd[TR_KV_GATHERS + 1];
+        for (int c = 0; c <= np; c++) bnd[c] = (int32_t)((int64_t)nT * c / np);
+        for (int c = 0; c < np; c++)
+            tr_kv_gather_start(kv, c, layer, T + bnd[c], bnd[c + 1] - bnd[c], bnd[c]);
+        for (int c = 0; c < np; c++) {
+            if ((st = tr_kv_gather_wait(kv, c, err))) {
+                for (int d = c + 1; d < np; d++) tr_kv_gather_wait(kv, d, NULL);
+                return st;
+            }
+            j.c0 = bnd[c];
+            j.c1 = bnd[c + 1];
+            j.slot0 = bnd[c];
+            j.first = c == 0;
+            run_pass(pool, &j, PASS_CHUNK);
+        }
+        /* once, over the whole selection, as in the single gather below */
+        if (promote) tr_kv_bkp_promote(kv, L, T, 0, nT, skip, 0);
+        run_pass(pool, &j, PASS_FINAL);
+        return TR_OK;
+    }
     if (nT <= kv->ws_cap) {
         tr_kv_gather_start(kv, 0, layer, T, nT, 0);
         if ((st = tr_kv_gather_wait(kv, 0, err))) return st;

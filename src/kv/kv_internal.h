@@ -15,6 +15,10 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+/* XXH3_state_t is only public with this */
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
 #include "core/pool.h"
 #include "experts/io.h"
 #include "kv/kv.h"
@@ -84,6 +88,10 @@ typedef struct tr_kv_layer {
 } tr_kv_layer;
 
 /* One gather: a batch of storage reads into the working set, completed by the I/O workers. */
+/* gathers in flight at once: the two halves of a working set too small for the selection, or
+ * the chunks of one selection whose attention runs while the later chunks are still read */
+#define TR_KV_GATHERS 4
+
 typedef struct tr_kv_gather {
     struct tr_kv *kv;
     tr_io_job *jobs;  /* [ws_cap] */
@@ -118,6 +126,8 @@ struct tr_kv {
     size_t q8row;    /* bytes of one query head in Q8_0 */
     tr_kv_agg agg;
     tr_kv_eq eq_mode;
+    int32_t pipe; /* chunks a fitting selection is read and attended in (1..TR_KV_GATHERS) */
+    int32_t pipe_min; /* ... when at least this many tokens are attended */
     int32_t read_gap; /* selective policies: up to this many unselected cold tokens between two
                          selected ones of a page are read too, joining two reads into one */
     /* segment file geometry */
@@ -127,7 +137,7 @@ struct tr_kv {
     /* working set: ws_cap record slots (F16 K then V, as in the pools) */
     uint8_t *ws;
     int32_t ws_cap;
-    tr_kv_gather gath[2];
+    tr_kv_gather gath[TR_KV_GATHERS];
     tr_io_pool *io;
     char *cold_path;  /* directory of the segment files */
     uint8_t *pagebuf; /* one page, aligned */
@@ -243,12 +253,12 @@ typedef struct page_trailer {
 } page_trailer;
 _Static_assert(sizeof(page_trailer) == 168, "KV_TRAILER_BYTES in kv.c");
 
+/* XXH3-64: the SIMD build chosen at start; _ref the library's baseline build (tests compare) */
 uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed);
+uint64_t tr_kv_hash64_ref(const void *data, size_t len, uint64_t seed);
+uint64_t tr_xxh3_avx2(const void *data, size_t len, uint64_t seed);
 typedef struct tr_kv_hasher {
-    uint64_t v[4], total;
-    uint8_t buf[32];
-    uint32_t n;
-    uint64_t seed;
+    XXH3_state_t st;
 } tr_kv_hasher;
 void tr_kv_hasher_init(tr_kv_hasher *h, uint64_t seed);
 void tr_kv_hasher_update(tr_kv_hasher *h, const void *data, size_t len);

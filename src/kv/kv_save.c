@@ -65,7 +65,7 @@ tr_status tr_kv_save(const tr_kv *ckv, const char *path, tr_error *err) {
     tr_kv *kv = (tr_kv *)ckv;
     FILE *f = fopen(path, "wb");
     if (!f) return tr_fail(err, TR_E_IO, "KV save: cannot create %s: %s", path, strerror(errno));
-    save_header sh = {.version = 1,
+    save_header sh = {.version = 2,
                       .n_layer = (uint32_t)kv->shape.n_layer,
                       .n_ctx = kv->shape.n_ctx,
                       .n_head = kv->shape.n_head,
@@ -180,7 +180,12 @@ tr_status tr_kv_restore(tr_kv *kv, const char *path, tr_error *err) {
     if (!f) return tr_fail(err, TR_E_IO, "KV restore: cannot open %s: %s", path, strerror(errno));
     save_header sh;
     tr_status st = rd(f, NULL, &sh, sizeof sh, path, err);
-    if (!st && (memcmp(sh.magic, "TRKVSAVE", 8) || sh.version != 1 ||
+    if (!st && !memcmp(sh.magic, "TRKVSAVE", 8) && sh.version != 2)
+        st = tr_fail(err, TR_E_FORMAT,
+                     "KV restore: %s is a terrace KV file of format %u; this build reads format 2 "
+                     "(format 1 used XXH64 checksums): save it again with this build",
+                     path, sh.version);
+    if (!st && (memcmp(sh.magic, "TRKVSAVE", 8) ||
                 sh.hash != tr_kv_hash64(&sh, offsetof(save_header, hash), 0)))
         st = tr_fail(err, TR_E_FORMAT, "KV restore: %s is not a terrace KV file (or is damaged)",
                      path);

@@ -165,12 +165,14 @@ static void score_task(void *ctx, int ith, int nth) {
     (void)nth;
     score_job *j = ctx;
     const tr_kv *kv = j->kv;
-    const tr_vec_dot_fn dot = kv->kern->vec_dot[kv->qtype];
     const int32_t nkv = kv->shape.n_head_kv, G = kv->group, pad = kv->hdk_pad;
     const bool mx = j->agg == TR_KV_AGG_MAX, per_head = j->agg >= TR_KV_AGG_PMAX;
+    enum { CHUNK = 256 };
+    float v[CHUNK];
     int64_t b, e;
-    /* per chunk of tokens, one KV head at a time: each head's copy is read as one stream */
-    while (tr_claim(&j->next, j->n - j->i0, 256, &b, &e)) {
+    /* per chunk of tokens, one KV head at a time: each head's copy is read as one stream, and
+     * one kernel call scores the whole chunk (a call per key cost more than the key) */
+    while (tr_claim(&j->next, j->n - j->i0, CHUNK, &b, &e)) {
         b += j->i0;
         e += j->i0;
         if (!per_head)
@@ -178,14 +180,15 @@ static void score_task(void *ctx, int ith, int nth) {
         for (int32_t g = 0; g < nkv; g++)
             for (int32_t h = g * G; h < (g + 1) * G; h++) {
                 const uint8_t *q8 = kv->q8 + (size_t)h * kv->q8row;
-                float *hs = per_head ? kv->hs + (size_t)h * j->stride : NULL;
-                for (int64_t i = b; i < e; i++) {
-                    float v;
-                    dot(pad, &v, qk_row(kv, j->L, (size_t)g, j->cand[i]), q8);
-                    if (hs)
-                        hs[i] = v * j->scale;
-                    else
-                        j->out[i] = mx ? fmaxf(j->out[i], v) : j->out[i] + v;
+                tr_dot_rows(kv->kern, kv->qtype, pad, e - b, v, qk_row(kv, j->L, (size_t)g, 0),
+                            kv->qrow, j->cand + b, q8);
+                if (per_head) {
+                    float *hs = kv->hs + (size_t)h * j->stride;
+                    for (int64_t i = b; i < e; i++) hs[i] = v[i - b] * j->scale;
+                } else if (mx) {
+                    for (int64_t i = b; i < e; i++) j->out[i] = fmaxf(j->out[i], v[i - b]);
+                } else {
+                    for (int64_t i = b; i < e; i++) j->out[i] += v[i - b];
                 }
             }
     }

@@ -97,6 +97,18 @@ static void init_once(void) {
     }
 }
 
+void tr_dot_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, float *restrict out,
+                 const void *restrict rows, size_t row_bytes, const int32_t *restrict idx,
+                 const void *restrict a) {
+    if (k->dot_rows[t]) {
+        k->dot_rows[t](n_el, n, out, rows, row_bytes, idx, a);
+        return;
+    }
+    const tr_vec_dot_fn dot = k->vec_dot[t];
+    for (int64_t i = 0; i < n; i++)
+        dot(n_el, &out[i], (const uint8_t *)rows + (size_t)idx[i] * row_bytes, a);
+}
+
 const tr_kernels *tr_kernels_best(void) {
     pthread_once(&g_once, init_once);
     return &g_fam[g_best];

@@ -28,6 +28,14 @@ typedef void (*tr_vec_dot_side_fn)(int64_t n, int nc, float *restrict s, size_t 
                                    const void *restrict w, const void *restrict a, size_t a_stride,
                                    const float *restrict side, size_t side_stride);
 
+/* out[i] = dot(rows + idx[i] * row_bytes, a) for i < n: one activation row (Q8_0) against n
+ * weight rows picked by index, each n_el elements. The KV cache's scoring: one query head against
+ * the low-precision copies of many keys, where a call per key costs more than the key. NULL in a
+ * family: the generic loop over vec_dot (tr_dot_rows). */
+typedef void (*tr_dot_rows_fn)(int64_t n_el, int64_t n, float *restrict out,
+                               const void *restrict rows, size_t row_bytes,
+                               const int32_t *restrict idx, const void *restrict a);
+
 typedef struct tr_kernels {
     const char *isa; /* "scalar", "avx2", "avx512" */
     tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
@@ -36,7 +44,13 @@ typedef struct tr_kernels {
     /* optional (NULL: unused); a family that sets vec_dot_side[t] sets act_side[vec_dot_type] */
     tr_vec_dot_side_fn vec_dot_side[TR_TYPE_COUNT];
     tr_act_side_fn act_side[TR_TYPE_COUNT]; /* activation formats Q8_0, Q8_1 */
+    tr_dot_rows_fn dot_rows[TR_TYPE_COUNT];  /* optional: Q4_0, Q8_0 weight rows */
 } tr_kernels;
+
+/* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */
+void tr_dot_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, float *restrict out,
+                 const void *restrict rows, size_t row_bytes, const int32_t *restrict idx,
+                 const void *restrict a);
 
 /* the best family this CPU runs (lowered by TERRACE_ISA); initialised once, thread-safe */
 const tr_kernels *tr_kernels_best(void);

@@ -297,6 +297,149 @@ TR_X86_DOT_ENTRIES(zmm_dot_q4_k, zmm_q4_k_impl)
 TR_X86_DOT_ENTRIES(zmm_dot_q5_k, zmm_q5_k_impl)
 TR_X86_DOT_ENTRIES(zmm_dot_q6_k, zmm_q6_k_impl)
 
+/* ---------------------------------------------------------------------------------------------- */
+/* dot_rows: one Q8_0 query row against many Q4_0 / Q8_0 key rows (KV scoring, kernels.h)         */
+
+/* The query is unpacked into registers once per call; each key row then costs a few loads, two
+ * VNNI dot products per 4 (Q4_0) or 2 (Q8_0) blocks and one reduction, with no call per row.
+ * Codes enter VNNI as unsigned bytes: Q4_0's nibbles as they are (their -8 offset comes back as
+ * 8 x the query's block sums), Q8_0's with the sign bit flipped (+128, likewise). */
+#define ROWS_MAX_GROUPS 8 /* 4 Q4_0 blocks or 2 Q8_0 blocks per group: rows up to 1024 / 512 */
+
+TR_ALWAYS_INLINE uint16_t rd_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static void zmm_dot_rows_q4_0(int64_t n_el, int64_t n, float *restrict out,
+                              const void *restrict rows, size_t row_bytes,
+                              const int32_t *restrict idx, const void *restrict va) {
+    const int64_t nb = n_el / TR_QK32, ng = (nb + 3) / 4;
+    const uint8_t *base = rows;
+    if (ng > ROWS_MAX_GROUPS) {
+        for (int64_t i = 0; i < n; i++)
+            ymm_dot_q4_0(n_el, &out[i], base + (size_t)idx[i] * row_bytes, va);
+        return;
+    }
+    const tr_blk_q8_0 *a = va;
+    __m512i qlo[ROWS_MAX_GROUPS], qhi[ROWS_MAX_GROUPS], sq8[ROWS_MAX_GROUPS];
+    __m128 dq[ROWS_MAX_GROUPS];
+    const __m512i ones = _mm512_set1_epi8(1), m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t g = 0; g < ng; g++) {
+        uint8_t lo[64] = {0}, hi[64] = {0};
+        float d[4] = {0};
+        for (int64_t j = 0; j < 4 && 4 * g + j < nb; j++) {
+            const tr_blk_q8_0 *q = &a[4 * g + j];
+            memcpy(lo + 16 * j, q->qs, 16);
+            memcpy(hi + 16 * j, q->qs + 16, 16);
+            d[j] = x86_f16(q->d);
+        }
+        qlo[g] = _mm512_loadu_si512(lo);
+        qhi[g] = _mm512_loadu_si512(hi);
+        const __m512i sq = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones,
+                                                                   qlo[g]),
+                                               ones, qhi[g]);
+        sq8[g] = _mm512_slli_epi32(sq, 3);
+        dq[g] = _mm_loadu_ps(d);
+    }
+    const __m512i expand = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const size_t blk = sizeof(tr_blk_q4_0);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *r = base + (size_t)idx[i] * row_bytes;
+        if (i + 4 < n) prefetch_block(base + (size_t)idx[i + 4] * row_bytes, row_bytes);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *p = r + 4 * blk * (size_t)g;
+            __m512i nib;
+            __m128i dh;
+            if (4 * g + 4 <= nb) {
+                nib = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 2)));
+                nib = _mm512_inserti32x4(nib, _mm_loadu_si128((const __m128i *)(p + blk + 2)), 1);
+                nib = _mm512_inserti32x4(nib, _mm_loadu_si128((const __m128i *)(p + 2 * blk + 2)),
+                                         2);
+                nib = _mm512_inserti32x4(nib, _mm_loadu_si128((const __m128i *)(p + 3 * blk + 2)),
+                                         3);
+                dh = _mm_setr_epi16((short)rd_u16(p), (short)rd_u16(p + blk),
+                                    (short)rd_u16(p + 2 * blk), (short)rd_u16(p + 3 * blk), 0, 0,
+                                    0, 0);
+            } else { /* the last, partial group: missing blocks are zero codes and scales */
+                uint8_t tmp[64] = {0};
+                uint16_t dd[8] = {0};
+                for (int64_t j = 0; 4 * g + j < nb; j++) {
+                    memcpy(tmp + 16 * j, p + j * blk + 2, 16);
+                    dd[j] = rd_u16(p + j * blk);
+                }
+                nib = _mm512_loadu_si512(tmp);
+                dh = _mm_loadu_si128((const __m128i *)dd);
+            }
+            const __m512i lo = _mm512_and_si512(nib, m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
+            __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qlo[g]);
+            is = _mm512_sub_epi32(_mm512_dpbusd_epi32(is, hi, qhi[g]), sq8[g]);
+            const __m128 d = _mm_mul_ps(_mm_cvtph_ps(dh), dq[g]);
+            const __m512 sc = _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(d));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), sc, acc);
+        }
+        out[i] = hsum_ps512(acc);
+    }
+}
+
+static void zmm_dot_rows_q8_0(int64_t n_el, int64_t n, float *restrict out,
+                              const void *restrict rows, size_t row_bytes,
+                              const int32_t *restrict idx, const void *restrict va) {
+    const int64_t nb = n_el / TR_QK32, ng = (nb + 1) / 2;
+    const uint8_t *base = rows;
+    if (ng > ROWS_MAX_GROUPS) {
+        for (int64_t i = 0; i < n; i++)
+            ymm_dot_q8_0(n_el, &out[i], base + (size_t)idx[i] * row_bytes, va);
+        return;
+    }
+    const tr_blk_q8_0 *a = va;
+    __m512i qv[ROWS_MAX_GROUPS], sq128[ROWS_MAX_GROUPS];
+    __m128 dq[ROWS_MAX_GROUPS];
+    const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t g = 0; g < ng; g++) {
+        int8_t q[64] = {0};
+        float d[4] = {0};
+        for (int64_t j = 0; j < 2 && 2 * g + j < nb; j++) {
+            memcpy(q + 32 * j, a[2 * g + j].qs, 32);
+            d[j] = x86_f16(a[2 * g + j].d);
+        }
+        qv[g] = _mm512_loadu_si512(q);
+        sq128[g] = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, qv[g]), 7);
+        dq[g] = _mm_loadu_ps(d);
+    }
+    const __m512i expand = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const size_t blk = sizeof(tr_blk_q8_0);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *r = base + (size_t)idx[i] * row_bytes;
+        if (i + 4 < n) prefetch_block(base + (size_t)idx[i + 4] * row_bytes, row_bytes);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *p = r + 2 * blk * (size_t)g;
+            __m512i k;
+            __m128i dh;
+            if (2 * g + 2 <= nb) {
+                k = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+                k = _mm512_inserti64x4(k, _mm256_loadu_si256((const __m256i *)(p + blk + 2)), 1);
+                dh = _mm_setr_epi16((short)rd_u16(p), (short)rd_u16(p + blk), 0, 0, 0, 0, 0, 0);
+            } else { /* one block left: the upper half is zero codes (flipped to 128) x zero */
+                k = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+                k = _mm512_inserti64x4(k, _mm256_setzero_si256(), 1);
+                dh = _mm_setr_epi16((short)rd_u16(p), 0, 0, 0, 0, 0, 0, 0);
+            }
+            __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(k, flip),
+                                             qv[g]);
+            is = _mm512_sub_epi32(is, sq128[g]);
+            const __m128 d = _mm_mul_ps(_mm_cvtph_ps(dh), dq[g]);
+            const __m512 sc = _mm512_permutexvar_ps(expand, _mm512_castps128_ps512(d));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), sc, acc);
+        }
+        out[i] = hsum_ps512(acc);
+    }
+}
+
 void tr_kernels_fill_avx512(tr_kernels *k) {
 #define SET(T, fn)                                                                                 \
     do {                                                                                           \
@@ -322,6 +465,8 @@ void tr_kernels_fill_avx512(tr_kernels *k) {
     SET(IQ4_XS, ymm_dot_iq4_xs);
 #undef SET
     /* matmul's path with activation side tables (kernels.h) for the 32-element block types */
+    k->dot_rows[TR_TYPE_Q4_0] = zmm_dot_rows_q4_0;
+    k->dot_rows[TR_TYPE_Q8_0] = zmm_dot_rows_q8_0;
     k->vec_dot_side[TR_TYPE_Q4_0] = ymm_dot_side_q4_0;
     k->vec_dot_side[TR_TYPE_Q5_0] = ymm_dot_side_q5_0;
     k->vec_dot_side[TR_TYPE_Q8_0] = ymm_dot_side_q8_0;
