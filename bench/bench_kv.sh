@@ -134,6 +134,7 @@ done
 last=${CTXS##* }
 run "tiered, read gap 0 / 2" tiered "$last" 1 --read-gap 0,2
 run "tiered, iid keys" tiered "$last" 1 --smooth 0
+run "tiered, reads not pipelined" tiered "$last" 1 --pipe 1
 for pol in $EXTRA_POLICIES; do run "$pol" "$pol" "$last" 1; done
 rmdir "$CG" 2>/dev/null || true
 fi
@@ -155,7 +156,9 @@ L.append("Shape: 7B-like attention, 32 layers x 32 query heads x 32 KV heads x 1
          "channels after per-channel scales), hot pool = 1/16 of the KV (the sinks and the most "
          "recent tokens), the rest in the cold pool (segment files on the local disk, O_DIRECT), "
          "read gap 1 (two runs of a page separated by one unselected cold token are read as one), "
-         "64 I/O threads. Each run is its own process in a memory cgroup capped at its planned "
+         "64 I/O threads; a layer's selection is read as 4 chunks all in flight at once and "
+         "attended chunk by chunk as each arrives (row \"reads not pipelined\": one read, then "
+         "attention); every record read is verified against its XXH3 hash. Each run is its own process in a memory cgroup capped at its planned "
          "DRAM + 512 MiB (page cache counted); caches dropped after the fill.\n")
 L.append("**How the pools were filled.** Not by a prefill (32K tokens of full attention are out of "
          "reach on 2 cores): each run appends every token through `tr_kv_append` with keys drawn "
