@@ -101,6 +101,7 @@ bench-moe: deps all peer
 # KV decode step, offload vs tiered (and h2o, quest), 7B-like attention, most KV on disk, in a
 # capped cgroup (root; results: bench/results/kv.md)
 bench-kv: deps all $(BUILD)/bench/bench_kv
+	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
 	@bash bench/bench_kv.sh
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)

@@ -250,7 +250,8 @@ static void usage(void) {
     fprintf(stderr, "usage: bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] "
                     "[--bits 4|8] [--hot-frac F] [--steps S] [--threads T] [--io-threads N] "
                     "[--read-gap G] [--bkp off|on|naive] [--csd] [--csd-gbps R] [--csd-gflops R] "
-                    "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--pipe 1..4] [--plan]\n");
+                    "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--pipe 1..4] [--pull-keys] "
+                    "[--plan]\n");
     exit(2);
 }
 
@@ -265,6 +266,7 @@ int main(int argc, char **argv) {
     int32_t csd_chunk = 0;
     double beta = -1;
     int pipe = 0; /* 0: the cache's default */
+    bool pull_keys = false;
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
@@ -273,7 +275,7 @@ int main(int argc, char **argv) {
         {"smooth", 1, 0, 'S'},     {"rho", 1, 0, 'R'},   {"bkp", 1, 0, 'B'},
         {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
-        {"pipe", 1, 0, 'W'},
+        {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'},
         {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
@@ -296,6 +298,7 @@ int main(int argc, char **argv) {
         case 'K': csd_chunk = atoi(optarg); break;
         case 'E': beta = atof(optarg); break;
         case 'W': pipe = atoi(optarg); break;
+        case 'U': pull_keys = true; break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
         case 'g': { /* a list: the steps are measured once per value, on the same fill */
@@ -392,6 +395,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < batch; i++)
             if (gaps[gi] >= 0) kv[i]->read_gap = gaps[gi];
         for (int i = 0; i < batch && pipe > 0; i++) kv[i]->pipe = pipe;
+        for (int i = 0; i < batch; i++) kv[i]->pull_keys = pull_keys;
         step_result r;
         if (measure(&B, &r)) return 1;
         tr_kv_stats fin;
@@ -402,7 +406,7 @@ int main(int argc, char **argv) {
                "\"step_ms_min\": %.1f, \"bytes_read\": %.0f, \"dev_read\": %.0f, "
                "\"read_ops\": %.0f, \"selected\": %.0f, \"score_ms\": %.1f, \"attn_ms\": %.1f, "
                "\"io_wait_ms\": %.1f, \"hot_used\": %llu, \"cold_used\": %llu, \"read_gap\": %d, "
-               "\"pipe\": %d, "
+               "\"pipe\": %d, \"pull_keys\": %s, "
                "\"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
                "\"rho\": %.3f, \"runs_per_token\": %.3f, \"bkp\": \"%s\", \"csd\": %s, "
                "\"csd_gbps\": %g, \"csd_gflops\": %g, \"csd_link_gbps\": %g, "
@@ -417,6 +421,7 @@ int main(int argc, char **argv) {
                r.mean_ms, r.min_ms, r.bytes_read, r.dev_read, r.read_ops, r.selected, r.score_ms,
                r.attn_ms, r.io_ms, (unsigned long long)fin.hot_bytes * batch,
                (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap, kv[0]->pipe,
+               pull_keys ? "true" : "false",
                p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
                (double)g_smooth, (double)g_rho,
                r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0,

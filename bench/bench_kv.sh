@@ -13,7 +13,8 @@
 #   AGENT=1: also tiered with the storage agent (terrace-storaged) at every context, unthrottled
 #   and throttled to a SmartSSD-like profile (SSD_GBPS / SSD_GFLOPS / SSD_LINK), and the BKP
 #   comparison (off / naive / on over BKP_STEPS decode steps at BKP_CTX); AGENT_ONLY=1 runs just
-#   those (with offload and tiered again at each context) and adds them to the last results
+#   those (with offload and tiered again at each context) and adds them to the last results;
+#   SUPP_ONLY=1 adds just the host-pulls-keys rows and the agent at batch 8 to the last results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bench/bench_kv
@@ -56,7 +57,7 @@ dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-
 echo "$dd_gbs" > build/bench/kv-dd.txt
 
 # AGENT_ONLY=1 adds to the last run's results (offload and tiered re-measured next to the agent)
-[ -n "${AGENT_ONLY:-}" ] || : > "$JSONL"
+[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}" ] || : > "$JSONL"
 run() { # label policy ctx batch [extra bench_kv flags...]
     local label=$1 pol=$2 ctx=$3 batch=$4
     shift 4
@@ -99,6 +100,11 @@ PY
 
 SSD_GBPS=${SSD_GBPS:-2.0}; SSD_GFLOPS=${SSD_GFLOPS:-8}; SSD_LINK=${SSD_LINK:-3.2}
 ONLY=${AGENT_ONLY:-}
+if [ -n "${SUPP_ONLY:-}" ]; then
+    for ctx in $CTXS; do run "tiered, keys pulled from storage" tiered "$ctx" 1 --pull-keys; done
+    for ctx in $BATCH8_CTXS; do run "tiered + agent" tiered "$ctx" 8 --csd; done
+    rmdir "$CG" 2>/dev/null || true
+else
 if [ -z "$ONLY" ]; then
 for ctx in $CTXS; do
     run offload offload "$ctx" 1
@@ -111,6 +117,8 @@ if [ "${AGENT:-1}" = 1 ]; then
         run "tiered + agent" tiered "$ctx" 1 --csd
         run "tiered + agent, SmartSSD-like" tiered "$ctx" 1 --csd --csd-gbps "$SSD_GBPS" \
             --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK"
+        # the agent's baseline: host scoring that pulls the key copies across from storage
+        run "tiered, keys pulled from storage" tiered "$ctx" 1 --pull-keys
     done
     # APP: latency against beta (host / agent share of the scoring), the agent SmartSSD-like
     for beta in ${BETAS:-0 0.25 0.5 1 2 4 8}; do
@@ -129,6 +137,7 @@ if [ -z "$ONLY" ]; then
 for ctx in $BATCH8_CTXS; do
     run offload offload "$ctx" 8
     run tiered tiered "$ctx" 8
+    [ "${AGENT:-1}" = 1 ] && run "tiered + agent" tiered "$ctx" 8 --csd
 done
 # at the longest context: the read-gap choice, keys without runs, and the other policies
 last=${CTXS##* }
@@ -137,6 +146,7 @@ run "tiered, iid keys" tiered "$last" 1 --smooth 0
 run "tiered, reads not pipelined" tiered "$last" 1 --pipe 1
 for pol in $EXTRA_POLICIES; do run "$pol" "$pol" "$last" 1; done
 rmdir "$CG" 2>/dev/null || true
+fi
 fi
 fi
 
@@ -217,8 +227,8 @@ for (lab, ctx, b), d in sorted(by.items(), key=lambda x: (x[0][2], x[0][1])):
         tgt = ("bytes " + ("met" if br <= 0.30 else "MISSED") + ", speed " + ("met" if sp >= 3 else "MISSED"))
     L.append(f"| {ctx} | {b} | {100 * br:.1f}% | {sp:.2f}x | {tgt} |")
 L.append("")
-ag = [d for d in rows if "step_ms" in d and (d.get("csd") or d.get("bkp", "off") != "off")
-      and not d.get("label", "").startswith("beta sweep")]
+ag = [d for d in rows if "step_ms" in d and (d.get("csd") or d.get("bkp", "off") != "off"
+      or d.get("pull_keys")) and not d.get("label", "").startswith("beta sweep")]
 if ag:
     L.append("## Storage agent (HIE) and bidirectional pools (BKP)\n")
     L.append("`terrace-storaged` scores the tokens whose pages are on storage (from its own copy of the "
@@ -229,17 +239,23 @@ if ag:
              "blocks (position + score) and K/V rows; the bound is alpha x the cold pool's K/V bytes + the "
              "score blocks. BKP rows run more decode steps (hit counts need history); hot hit rate = "
              "selected tokens found in the hot pool; ping-pong = moves reversing one within 64 steps.\n")
-    L.append("| run | ctx | step ms | vs offload | vs tiered (host) | agent->host MiB: scores + rows | bound MiB | hot hit % | ping-pong / step | promotions / step | load |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append("\"keys pulled from storage\": the baseline of host scoring without the DRAM key copy: "
+             "each step the host reads every cold page's key copy (and trailer) from storage, "
+             "verifies it, then scores and reads the selected rows as tiered does; GiB read per "
+             "step includes those key copies.\n")
+    L.append("| run | ctx | batch | step ms | GiB read | vs offload | vs tiered (host) | vs host pulling keys | agent->host MiB: scores + rows | bound MiB | hot hit % | ping-pong / step | promotions / step | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d in ag:
-        lab, ctx = d.get("label", d["policy"]), d["ctx"]
-        o = by_last.get(("offload", ctx, d["batch"]))
-        t = by_last.get(("tiered", ctx, d["batch"]))
-        cold_kv = ctx * (1 - 1 / 16) * 32 * 16384
+        lab, ctx, bt = d.get("label", d["policy"]), d["ctx"], d["batch"]
+        o = by_last.get(("offload", ctx, bt))
+        t = by_last.get(("tiered", ctx, bt))
+        pk = by_last.get(("tiered, keys pulled from storage", ctx, bt))
+        cold_kv = bt * ctx * (1 - 1 / 16) * 32 * 16384
         sc, rw = d.get("csd_score_bytes", 0), d.get("csd_row_bytes", 0)
-        L.append(f"| {lab} | {ctx} | {d['step_ms']:.0f} | "
-                 f"{(o['step_ms'] / d['step_ms']):.2f}x | " if o else f"| {lab} | {ctx} | {d['step_ms']:.0f} | – | ")
+        L.append(f"| {lab} | {ctx} | {bt} | {d['step_ms']:.0f} | {g(d['bytes_read']):.2f} | ")
+        L[-1] += (f"{(o['step_ms'] / d['step_ms']):.2f}x | " if o else "– | ")
         L[-1] += (f"{(t['step_ms'] / d['step_ms']):.2f}x | " if t else "– | ")
+        L[-1] += (f"{(pk['step_ms'] / d['step_ms']):.2f}x | " if pk and d.get("csd") else "– | ")
         L[-1] += (f"{sc / 2**20:.1f} + {rw / 2**20:.1f} | {(d['alpha'] * cold_kv + sc) / 2**20:.0f} | "
                   if d.get("csd") else "– | – | ")
         L[-1] += (f"{100 * d.get('hot_hit_rate', 0):.1f} | {d.get('pingpong', 0):.0f} | "
@@ -281,3 +297,8 @@ except OSError:
 open(out, "w").write("\n".join(L) + "\n" + notes)
 print("\n".join(L))
 PY
+if [ -x .venv/bin/python3 ] && .venv/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+    .venv/bin/python3 bench/plot_kv.py "$JSONL" bench/results
+else
+    echo "bench-kv: no matplotlib in .venv: plots skipped (make bench-kv installs it)" >&2
+fi

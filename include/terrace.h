@@ -309,6 +309,9 @@ typedef struct tr_session_params {
     /* APP: host-scored / agent-scored tokens among those on storage; < 0 (the default): chosen
      * every step from the measured rates */
     float kv_beta;
+    /* APP's rates taken from the caller instead of measured (0: measured): host and agent
+     * scoring, tokens/s; hot-pool copies and the agent's rows, bytes/s */
+    double kv_app_f_c, kv_app_f_s, kv_app_b_c, kv_app_b_s;
 } tr_session_params;
 
 typedef struct tr_session_kv_stats {
@@ -322,8 +325,9 @@ typedef struct tr_session_kv_stats {
     uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
     /* the storage agent: bytes agent -> host as scores and as rows, bytes it read */
     uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes;
-    /* APP: the last beta, host and agent scoring rates (tokens/s) */
-    double beta, f_c, f_s;
+    /* APP: the last beta, host and agent scoring rates (tokens/s), hot-pool copy and agent row
+     * rates (bytes/s): measured running averages, or the given ones */
+    double beta, f_c, f_s, b_c, b_s;
 } tr_session_kv_stats;
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 

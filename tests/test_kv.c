@@ -1405,6 +1405,92 @@ out:
     data_free(&d);
 }
 
+/* APP with its rates given (--kv-app-rates) rather than measured: beta from the balance equation
+ * of tr_kv_app_beta, and the given rates are never overwritten by measurements */
+static void test_app_rates(void) {
+    const shp s = {"GQA", 2, 64, 8, 2, 64, 64};
+    tr_kv_params p = params(TR_KV_TIERED, 0.25f);
+    p.app_f_c = 2e6;
+    p.app_f_s = 1e6;
+    tr_kv *kv = mk(&s, &p);
+    if (!kv) return;
+    TU_CHECK(fabs(tr_kv_app_beta(kv) - 2.0) < 1e-9, "APP rates: beta %g, want 2 (agent half as "
+             "fast: the host takes two tokens for each of the agent's)", tr_kv_app_beta(kv));
+    tr_kv_app_note_rows(kv, 1000, 1000, 1000, 1000); /* measured link rates: 1 byte/ns */
+    const double rec = (double)kv->rec, a = 0.25;
+    const double want = (1000.0 + a * rec / 1.0) / (500.0 + a * rec / 1.0);
+    TU_CHECK(fabs(tr_kv_app_beta(kv) - want) < 1e-9, "APP rates with measured links: beta %g, "
+             "want %g", tr_kv_app_beta(kv), want);
+    tr_kv_free(kv);
+    p.app_b_c = 4e9; /* 4 bytes/ns given: the measurement of the hot-pool copies is ignored */
+    kv = mk(&s, &p);
+    if (!kv) return;
+    tr_kv_app_note_rows(kv, 1000, 1000, 1000, 1000);
+    const double want2 = (1000.0 + a * rec / 1.0) / (500.0 + a * rec / 4.0);
+    TU_CHECK(fabs(tr_kv_app_beta(kv) - want2) < 1e-9, "APP rates, B_c given: beta %g, want %g",
+             tr_kv_app_beta(kv), want2);
+    printf("APP with given rates: beta %.3f, then %.3f with measured links, %.3f with B_c given\n",
+           2.0, want, want2);
+    tr_kv_free(kv);
+}
+
+/* The agent's baseline (tr_kv.pull_keys): host scoring that reads every cold page's key copy from
+ * storage first. Same outputs as tiered, more bytes read (the key copies of every written page),
+ * and a corrupted key copy on storage is a named error. */
+static void test_pull_keys(void) {
+    const shp s = {"GQA", 2, 256, 8, 2, 64, 64};
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 83, false);
+    tr_kv_params p = params(TR_KV_TIERED, 0.25f);
+    p.cold_dir = g_tmp;
+    p.hot_bytes = hot_min(&s, &p);
+    tr_kv *kv[2] = {mk(&s, &p), mk(&s, &p)};
+    float *q = malloc(sizeof(float) * qn), *o[2] = {malloc(sizeof(float) * on),
+                                                     malloc(sizeof(float) * on)};
+    tr_error err = {0};
+    if (!kv[0] || !kv[1] || !fill(kv[0], &d, 0, 256) || !fill(kv[1], &d, 0, 256)) goto out;
+    kv[1]->pull_keys = true;
+    int32_t pos = 255;
+    query_make(q, &s, pos, 7, false);
+    uint64_t bytes[2];
+    for (int i = 0; i < 2; i++) {
+        tr_kv_stats st;
+        tr_kv_get_stats(kv[i], &st);
+        const uint64_t b0 = st.bytes_read;
+        TU_CHECK(tr_kv_attend_rows(kv[i], g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o[i], on,
+                                   &err) == TR_OK,
+                 "pull keys %d: %s", i, err.msg);
+        tr_kv_get_stats(kv[i], &st);
+        bytes[i] = st.bytes_read - b0;
+    }
+    const uint64_t keys = (uint64_t)kv[1]->layers[1].pages_written *
+                          (uint64_t)(kv[1]->page_toff - kv[1]->page_qoff);
+    TU_CHECK(memcmp(o[0], o[1], on * sizeof(float)) == 0, "pull keys: outputs differ");
+    TU_CHECK(bytes[1] >= bytes[0] + keys, "pull keys: %llu bytes read vs %llu + key copies %llu",
+             (unsigned long long)bytes[1], (unsigned long long)bytes[0],
+             (unsigned long long)keys);
+    printf("pull keys: same output, %llu bytes read vs %llu (key copies of %d pages: %llu)\n",
+           (unsigned long long)bytes[1], (unsigned long long)bytes[0],
+           kv[1]->layers[1].pages_written, (unsigned long long)keys);
+    char fdpath[64];
+    snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", kv[1]->layers[1].fd);
+    flip_byte(fdpath, (off_t)(tr_kv_page_offset(kv[1], 2) + kv[1]->page_qoff + 5));
+    tr_status st = tr_kv_attend_rows(kv[1], g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o[1], on,
+                                     &err);
+    TU_CHECK(st == TR_E_IO && strstr(err.msg, "key copy") && strstr(err.msg, "page 2") &&
+                 strstr(err.msg, "layer 1"),
+             "pull keys, corrupted key copy: %d %s", st, err.msg);
+    printf("pull keys, corrupted key copy: %s\n", err.msg);
+out:
+    for (int i = 0; i < 2; i++) {
+        tr_kv_free(kv[i]);
+        free(o[i]);
+    }
+    free(q);
+    data_free(&d);
+}
+
 /* ---- the storage agent ---------------------------------------------------------------------------
  * The same decode run through host scoring and through terrace-storaged (tiered, most tokens
  * cold; with the default working set and with one that forces chunks): every selection and every
@@ -1610,6 +1696,8 @@ int main(void) {
     test_save_restore();
     test_faults();
     test_bkp();
+    test_pull_keys();
+    test_app_rates();
     test_csd();
     rmdir(g_tmp);
     tr_pool_free(g_pool);

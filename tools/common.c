@@ -16,7 +16,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CSD, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CSD, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVAPPRATES, F_CHUNKS,
 };
 
 typedef struct flag {
@@ -77,6 +77,7 @@ static const flag k_flags[] = {
     {"--csd-gflops", F_CSDGFLOPS, true, "R    storage agent: throttle its scoring to R GFLOP/s"},
     {"--csd-link-gbps", F_CSDLINK, true, "R storage agent: throttle its link to the host to R GB/s"},
     {"--kv-beta", F_KVBETA, true, "B        storage agent: host/agent share of the scoring (default: from measured rates)"},
+    {"--kv-app-rates", F_KVAPPRATES, true, "FC,FS,BC,BS storage agent: APP's rates instead of measured ones: host and agent scoring (M tokens/s), hot-pool copies and agent rows (GB/s); 0 = measure that one"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
@@ -267,6 +268,33 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_KVKEEP: o->kv.kv_keep = true; break;
         case F_CSD: o->kv.csd = true; break;
         case F_KVBETA: if (!parse_float(a, v, 0.0, 1e6, &o->kv.kv_beta)) return false; break;
+        case F_KVAPPRATES: {
+            double r[4];
+            char *end = NULL;
+            const char *p = v;
+            int k = 0;
+            for (; k < 4; k++) {
+                errno = 0;
+                r[k] = strtod(p, &end);
+                if (errno || end == p || !(r[k] >= 0 && r[k] <= 1e6)) break;
+                p = end;
+                if (k < 3) {
+                    if (*p != ',') break;
+                    p++;
+                }
+            }
+            if (k < 4 || *end) {
+                cli_error("%s expects four numbers >= 0 separated by commas (host and agent "
+                          "scoring in M tokens/s, hot-pool copies and agent rows in GB/s), got '%s'",
+                          a, v);
+                return false;
+            }
+            o->kv.kv_app_f_c = r[0] * 1e6;
+            o->kv.kv_app_f_s = r[1] * 1e6;
+            o->kv.kv_app_b_c = r[2] * 1e9;
+            o->kv.kv_app_b_s = r[3] * 1e9;
+            break;
+        }
         case F_CSDCHUNK: if (!cli_parse_int(a, v, 16, 1 << 20, &n)) return false; o->kv.csd_chunk = (int32_t)n; break;
         case F_CSDGBPS: case F_CSDGFLOPS: case F_CSDLINK: {
             float r;

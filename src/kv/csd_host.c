@@ -397,17 +397,28 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
      * threads, the request round trip) do not dominate */
     const double tc = (double)host_ns / (double)(n - n_a);
     const double ts = (double)(atomic_load(&c->score_ns) - agent0) / (double)n_a;
-    if (n - n_a >= APP_MIN_PART || kv->app_tc <= 0)
+    const tr_kv_params *p = &kv->params;
+    if (!(p->app_f_c > 0) && (n - n_a >= APP_MIN_PART || kv->app_tc <= 0))
         tr_kv_app_avg(&kv->app_tc, tc);
-    if (n_a >= APP_MIN_PART || kv->app_ts <= 0)
+    if (!(p->app_f_s > 0) && (n_a >= APP_MIN_PART || kv->app_ts <= 0))
         tr_kv_app_avg(&kv->app_ts, ts);
     return TR_OK;
 }
 
+void tr_kv_app_init(tr_kv *kv) {
+    const tr_kv_params *p = &kv->params;
+    if (p->app_f_c > 0) kv->app_tc = 1e9 / p->app_f_c; /* ns per token */
+    if (p->app_f_s > 0) kv->app_ts = 1e9 / p->app_f_s;
+    if (p->app_b_c > 0) kv->app_bc = p->app_b_c / 1e9; /* bytes per ns */
+    if (p->app_b_s > 0) kv->app_bs = p->app_b_s / 1e9;
+}
+
 void tr_kv_app_note_rows(tr_kv *kv, uint64_t hot_bytes, uint64_t hot_ns, uint64_t agent_bytes,
                          uint64_t agent_ns) {
-    if (hot_bytes && hot_ns) tr_kv_app_avg(&kv->app_bc, (double)hot_bytes / (double)hot_ns);
-    if (agent_bytes && agent_ns)
+    const tr_kv_params *p = &kv->params;
+    if (!(p->app_b_c > 0) && hot_bytes && hot_ns)
+        tr_kv_app_avg(&kv->app_bc, (double)hot_bytes / (double)hot_ns);
+    if (!(p->app_b_s > 0) && agent_bytes && agent_ns)
         tr_kv_app_avg(&kv->app_bs, (double)agent_bytes / (double)agent_ns);
 }
 

@@ -271,6 +271,7 @@ void tr_kv_free(tr_kv *kv) {
     free(kv->layers);
     free(kv->ws);
     free(kv->pagebuf);
+    free(kv->pull_buf);
     free(kv->rec_tmp);
     free(kv->sel);
     free(kv->cand);
@@ -335,6 +336,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
      * unselected rows across the link */
     kv->read_gap = params->csd ? 0 : KV_READ_GAP;
     kv->pipe = TR_KV_GATHERS;
+    tr_kv_app_init(kv);
     kv->pipe_min = KV_PIPE_MIN;
     kv->data_off = pl.data_off;
     kv->page_bytes = pl.page_bytes;

@@ -100,6 +100,9 @@ typedef struct tr_kv_params {
      * (the host takes the most recent ones). < 0 (default): chosen every step from the measured
      * rates (see tr_kv_app_beta); >= 0: fixed (--kv-beta, for sweeps; 0 = the agent scores all) */
     float beta;
+    /* APP's rates given instead of measured (--kv-app-rates; 0: measured): host and agent
+     * scoring, tokens/s; hot-pool copies and the agent's rows, bytes/s */
+    double app_f_c, app_f_s, app_b_c, app_b_s;
 } tr_kv_params;
 
 typedef struct tr_kv_shape {

@@ -358,7 +358,23 @@ static void gather_done(void *ctx, tr_io_job *j) {
     if (j->err || j->got < j->need) {
         tr_kv_seg_path(kv, layer, path, sizeof path);
         snprintf(msg, sizeof msg, "KV cold pool: reading %s (layer %d, page %d) failed: %s", path,
-                 layer, pos0 / TR_KV_PAGE, j->err ? strerror(j->err) : "short read");
+                 layer, G->keys ? pos0 : pos0 / TR_KV_PAGE,
+                 j->err ? strerror(j->err) : "short read");
+    } else if (G->keys) { /* job_pos holds the page */
+        const uint8_t *d = (const uint8_t *)j->dst + G->key_shift;
+        const uint64_t kbytes = kv->page_toff - kv->page_qoff;
+        page_trailer t;
+        memcpy(&t, d + kbytes, sizeof t);
+        if (memcmp(t.magic, "TRKVPAGE", 8) || t.layer != (uint32_t)layer ||
+            t.page != (uint32_t)pos0 || t.key_copy_bytes != kbytes ||
+            t.hash != tr_kv_hash64(&t, offsetof(page_trailer, hash), 0) ||
+            t.key_copy_hash != tr_kv_hash64(d, kbytes, 0)) {
+            tr_kv_seg_path(kv, layer, path, sizeof path);
+            snprintf(msg, sizeof msg,
+                     "KV cold pool: checksum mismatch in the key copy of %s, layer %d, page %d: "
+                     "the file was changed or the storage is failing",
+                     path, layer, pos0);
+        }
     } else {
         const int32_t n = (int32_t)(j->len / kv->rec);
         for (int32_t i = 0; i < n; i++)
@@ -437,6 +453,50 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
         }
     }
     if (kv->csd) tr_kv_app_note_rows(kv, copied, tr_io_now_ns() - t0, 0, 0);
+}
+
+tr_status tr_kv_pull_keys(tr_kv *kv, int32_t layer, tr_error *err) {
+    const tr_kv_layer *L = &kv->layers[layer];
+    tr_kv_gather *G = &kv->gath[0];
+    if (!kv->cold || !L->pages_written || kv->page_toff <= kv->page_qoff) return TR_OK;
+    const uint64_t a = (uint64_t)kv->page_qoff & ~(uint64_t)(TR_IO_ALIGN - 1);
+    const uint64_t len = (kv->page_bytes - a + TR_IO_ALIGN - 1) / TR_IO_ALIGN * TR_IO_ALIGN;
+    if (!kv->pull_buf) {
+        kv->pull_stride = (size_t)len;
+        if (posix_memalign((void **)&kv->pull_buf, TR_IO_ALIGN,
+                           (size_t)kv->n_pages * kv->pull_stride))
+            return tr_fail(err, TR_E_NOMEM, "KV: no memory to pull key copies (%zu bytes)",
+                           (size_t)kv->n_pages * kv->pull_stride);
+    }
+    G->layer = layer;
+    G->failed = false;
+    G->bytes = 0;
+    G->keys = true;
+    G->key_shift = (size_t)(kv->page_qoff - a);
+    int32_t done = 0;
+    tr_status st = TR_OK;
+    while (done < L->pages_written && !st) { /* at most ws_cap jobs at a time */
+        G->n_jobs = 0;
+        for (int32_t pg = done; pg < L->pages_written && G->n_jobs < kv->ws_cap; pg++) {
+            tr_io_job *job = &G->jobs[G->n_jobs];
+            *job = (tr_io_job){.fd = L->fd,
+                               .direct = kv->direct,
+                               .offset = tr_kv_page_offset(kv, pg) + a,
+                               .len = len,
+                               .need = kv->page_bytes - a,
+                               .dst = kv->pull_buf + (size_t)pg * kv->pull_stride,
+                               .owner = 0,
+                               .sub = (uint32_t)G->n_jobs};
+            if (G->n_jobs) G->jobs[G->n_jobs - 1].next = job;
+            G->job_pos[G->n_jobs++] = pg;
+        }
+        done += G->n_jobs;
+        G->pending = G->n_jobs;
+        tr_io_pool_submit(kv->io, &G->jobs[0], &G->jobs[G->n_jobs - 1]);
+        st = tr_kv_gather_wait(kv, 0, err);
+    }
+    G->keys = false;
+    return st;
 }
 
 tr_status tr_kv_gather_wait(tr_kv *kv, int which, tr_error *err) {

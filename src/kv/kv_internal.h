@@ -106,6 +106,8 @@ typedef struct tr_kv_gather {
     uint64_t bytes;
     uint64_t csd_seq;      /* the storage agent's request for this gather */
     uint64_t csd_rows_ns0; /* the agent's rows time when it was posted */
+    bool keys;             /* jobs read pages' key copies and trailers (tr_kv_pull_keys) */
+    size_t key_shift;      /* ... starting this far into each job's buffer */
 } tr_kv_gather;
 
 struct tr_kv {
@@ -127,6 +129,12 @@ struct tr_kv {
     tr_kv_agg agg;
     tr_kv_eq eq_mode;
     int32_t pipe; /* chunks a fitting selection is read and attended in (1..TR_KV_GATHERS) */
+    /* a baseline for the storage agent (bench_kv --pull-keys): tiered host scoring that first
+     * reads every cold page's key copy of the layer from storage, as a host without the DRAM
+     * copy would (the scores then come from the DRAM copy: the same bytes, verified) */
+    bool pull_keys;
+    uint8_t *pull_buf; /* [n_pages][pull_stride], allocated at the first pull */
+    size_t pull_stride;
     int32_t pipe_min; /* ... when at least this many tokens are attended */
     int32_t read_gap; /* selective policies: up to this many unselected cold tokens between two
                          selected ones of a page are read too, joining two reads into one */
@@ -236,6 +244,8 @@ tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err);
 static inline void tr_kv_app_avg(double *avg, double sample) {
     *avg = *avg > 0 ? 0.9 * *avg + 0.1 * sample : sample;
 }
+/* the rates given by the caller (tr_kv_params.app_*) are set at create and never measured */
+void tr_kv_app_init(tr_kv *kv);
 /* beta for the next step from the measured rates (DESIGN.md: equal time on both paths,
  * n_c/f_c + a_c n_c rec/B_c = n_s/f_s + a_s n_s rec/B_s), the host's part capped by the hot pool */
 double tr_kv_app_beta(const tr_kv *kv);
@@ -265,6 +275,7 @@ void tr_kv_hasher_update(tr_kv_hasher *h, const void *data, size_t len);
 uint64_t tr_kv_hasher_digest(const tr_kv_hasher *h);
 
 tr_status tr_kv_cold_open(tr_kv *kv, tr_error *err);
+tr_status tr_kv_pull_keys(tr_kv *kv, int32_t layer, tr_error *err);
 void tr_kv_cold_close(tr_kv *kv);
 tr_status tr_kv_cold_write_page(tr_kv *kv, int32_t layer, int32_t page, tr_error *err);
 /* read n consecutive records from the segment file, verified, into dst (one page at most) */

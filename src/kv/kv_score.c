@@ -462,6 +462,10 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
                                            kv->cscore, err);
             if (st) return st;
         } else {
+            if (kv->pull_keys) {
+                tr_status st = tr_kv_pull_keys(kv, layer, err);
+                if (st) return st;
+            }
             tr_kv_score_tokens(kv, pool, layer, q, scale, cand, n_all, n_a, kv->agg, kv->cscore);
         }
         for (int32_t i = 0; i < n_cand; i++) sel[i] = i;

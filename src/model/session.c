@@ -49,6 +49,10 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     kp.csd_gflops = p->csd_gflops;
     kp.csd_link_gbps = p->csd_link_gbps;
     kp.beta = p->kv_beta;
+    kp.app_f_c = p->kv_app_f_c;
+    kp.app_f_s = p->kv_app_f_s;
+    kp.app_b_c = p->kv_app_b_c;
+    kp.app_b_s = p->kv_app_b_s;
     for (int32_t l = 0; l < hp->n_layer; l++)
         if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
             return tr_fail(err, TR_E_UNSUPPORTED,
@@ -88,6 +92,8 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->beta = st.beta;
     out->f_c = st.f_c;
     out->f_s = st.f_s;
+    out->b_c = st.b_c;
+    out->b_s = st.b_s;
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Plots of `make bench-kv` (bench/bench_kv.sh) from build/bench/kv-results.jsonl:
+
+  bench/results/kv-steps.png  decode-step time against context, batch 1, for offload, host scoring
+                              pulling the keys from storage, tiered (host scoring from DRAM), and
+                              tiered with the storage agent (unthrottled and SmartSSD-like)
+  bench/results/kv-beta.png   step time against beta (host / agent share of the scoring) with the
+                              beta APP chose marked
+
+usage: plot_kv.py [RESULTS.jsonl] [OUTDIR]     (needs matplotlib)
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "bench", "kv-results.jsonl")
+out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "bench", "results")
+rows = [json.loads(line) for line in open(src) if line.strip()]
+rows = [d for d in rows if "step_ms" in d]
+
+# the last measurement of each (label, ctx) at batch 1: rows re-measured later replace earlier ones
+last = {}
+for d in rows:
+    if d["batch"] == 1:
+        last[(d.get("label", d["policy"]), d["ctx"])] = d
+
+series = [("offload", "offload (reads all KV)", "tab:red", "o"),
+          ("tiered, keys pulled from storage", "host scoring, keys pulled from storage",
+           "tab:orange", "v"),
+          ("tiered", "tiered, host scoring (key copy in DRAM)", "tab:blue", "s"),
+          ("tiered + agent", "tiered + storage agent", "tab:green", "^"),
+          ("tiered + agent, SmartSSD-like", "tiered + agent, SmartSSD-like", "tab:olive", "D")]
+fig, ax = plt.subplots(figsize=(7, 4.5))
+for lab, name, color, mk in series:
+    pts = sorted((ctx, d["step_ms"]) for (l, ctx), d in last.items() if l == lab)
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=mk, color=color, label=name)
+ax.set_xscale("log", base=2)
+ax.set_xticks(sorted({c for (_, c) in last}))
+ax.get_xaxis().set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{int(v) // 1024}K"))
+ax.set_xlabel("context (tokens)")
+ax.set_ylabel("decode step, ms (32 layers)")
+ax.set_title("KV decode step, 7B-like attention, most KV on disk (alpha 0.2)")
+ax.grid(alpha=0.3)
+ax.legend(fontsize=8)
+fig.tight_layout()
+p1 = os.path.join(out, "kv-steps.png")
+fig.savefig(p1, dpi=110)
+print("wrote", p1)
+
+sw = [d for d in rows if d.get("label", "").startswith("beta sweep")]
+fixed = sorted((d["beta"], d["step_ms"]) for d in sw if d.get("beta_set", -1) >= 0)
+auto = [d for d in sw if d.get("beta_set", -1) < 0]
+if fixed:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [max(b, 0.05) for b, _ in fixed]  # beta 0 drawn at 0.05 on the log axis
+    ax.plot(xs, [ms for _, ms in fixed], marker="o", color="tab:blue", label="fixed beta (--kv-beta)")
+    if auto:
+        a = auto[-1]
+        ax.axvline(max(a["beta"], 0.05), color="tab:green", ls="--",
+                   label=f"APP's beta {a['beta']:.2f} ({a['step_ms']:.0f} ms)")
+        ax.plot([max(a["beta"], 0.05)], [a["step_ms"]], marker="*", ms=14, color="tab:green")
+    best = min(fixed, key=lambda x: x[1])
+    ax.plot([max(best[0], 0.05)], [best[1]], marker="o", ms=12, mfc="none", color="tab:red",
+            label=f"sweep minimum: beta {best[0]:g} ({best[1]:.0f} ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("beta = host-scored / agent-scored tokens on storage (0 drawn at 0.05)")
+    ax.set_ylabel("decode step, ms")
+    ax.set_title(f"APP: step time against beta, {sw[0]['ctx'] // 1024}K, agent SmartSSD-like")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p2 = os.path.join(out, "kv-beta.png")
+    fig.savefig(p2, dpi=110)
+    print("wrote", p2)
