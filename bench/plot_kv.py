@@ -24,6 +24,18 @@ out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "bench", "results
 rows = [json.loads(line) for line in open(src) if line.strip()]
 rows = [d for d in rows if "step_ms" in d]
 
+def finish(fig, ax, xlabel, ylabel, title, name):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=110)
+    print("wrote", path)
+
+
 # the last measurement of each (label, ctx) at batch 1: rows re-measured later replace earlier ones
 last = {}
 for d in rows:
@@ -44,15 +56,8 @@ for lab, name, color, mk in series:
 ax.set_xscale("log", base=2)
 ax.set_xticks(sorted({c for (_, c) in last}))
 ax.get_xaxis().set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{int(v) // 1024}K"))
-ax.set_xlabel("context (tokens)")
-ax.set_ylabel("decode step, ms (32 layers)")
-ax.set_title("KV decode step, 7B-like attention, most KV on disk (alpha 0.2)")
-ax.grid(alpha=0.3)
-ax.legend(fontsize=8)
-fig.tight_layout()
-p1 = os.path.join(out, "kv-steps.png")
-fig.savefig(p1, dpi=110)
-print("wrote", p1)
+finish(fig, ax, "context (tokens)", "decode step, ms (32 layers)",
+       "KV decode step, 7B-like attention, most KV on disk (alpha 0.2)", "kv-steps.png")
 
 sw = [d for d in rows if d.get("label", "").startswith("beta sweep")]
 fixed = sorted((d["beta"], d["step_ms"]) for d in sw if d.get("beta_set", -1) >= 0)
@@ -70,12 +75,7 @@ if fixed:
     ax.plot([max(best[0], 0.05)], [best[1]], marker="o", ms=12, mfc="none", color="tab:red",
             label=f"sweep minimum: beta {best[0]:g} ({best[1]:.0f} ms)")
     ax.set_xscale("log")
-    ax.set_xlabel("beta = host-scored / agent-scored tokens on storage (0 drawn at 0.05)")
-    ax.set_ylabel("decode step, ms")
-    ax.set_title(f"APP: step time against beta, {sw[0]['ctx'] // 1024}K, agent SmartSSD-like")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p2 = os.path.join(out, "kv-beta.png")
-    fig.savefig(p2, dpi=110)
-    print("wrote", p2)
+    finish(fig, ax, "beta = host-scored / agent-scored tokens on storage (0 drawn at 0.05)",
+           "decode step, ms",
+           f"APP: step time against beta, {sw[0]['ctx'] // 1024}K, agent SmartSSD-like",
+           "kv-beta.png")

@@ -1519,6 +1519,9 @@ static void test_csd(void) {
         if (i >= 2) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
         kv[i] = mk(&s, &p[i]);
         if (kv[i]) kv[i]->read_gap = 0; /* as the agent reads: the same gathered lists */
+        /* runs 0/1 read every selection as TR_KV_GATHERS chunks (4 row requests in flight to
+         * the agent, one per row area), attended as they arrive */
+        if (kv[i] && i < 2) kv[i]->pipe_min = 1;
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
     }
     {
@@ -1562,8 +1565,8 @@ static void test_csd(void) {
                      (unsigned long long)st[i].bytes_read, (unsigned long long)st[i - 1].bytes_read);
         }
         printf("storage agent: %d steps, selections and outputs identical to host scoring "
-               "(plain at beta 0.5 and chunked + BKP at beta 0); agent -> host: scores %.1f KiB, "
-               "rows %.1f KiB; agent read %.1f KiB from storage, its memory %.1f KiB\n",
+               "(pipelined reads at beta 0.5, chunked + BKP at beta 0); agent -> host: scores "
+               "%.1f KiB, rows %.1f KiB; agent read %.1f KiB from storage, its memory %.1f KiB\n",
                (s.nctx - N0) * s.nl, (double)st[1].csd_score_bytes / 1024,
                (double)st[1].csd_row_bytes / 1024, (double)st[1].csd_storage_bytes / 1024,
                (double)st[1].csd_mem_bytes / 1024);
