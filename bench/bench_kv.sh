@@ -14,7 +14,8 @@
 #   and throttled to a SmartSSD-like profile (SSD_GBPS / SSD_GFLOPS / SSD_LINK), and the BKP
 #   comparison (off / naive / on over BKP_STEPS decode steps at BKP_CTX); AGENT_ONLY=1 runs just
 #   those (with offload and tiered again at each context) and adds them to the last results;
-#   SUPP_ONLY=1 adds just the host-pulls-keys rows and the agent at batch 8 to the last results
+#   SUPP_ONLY=1 adds just the host-pulls-keys rows and the agent at batch 8 to the last results;
+#   AGENT_ROWS_ONLY=1 adds every row with the agent (each context, batch 8, beta sweep, BKP)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bench/bench_kv
@@ -57,7 +58,7 @@ dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-
 echo "$dd_gbs" > build/bench/kv-dd.txt
 
 # AGENT_ONLY=1 adds to the last run's results (offload and tiered re-measured next to the agent)
-[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}" ] || : > "$JSONL"
+[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}" ] || : > "$JSONL"
 run() { # label policy ctx batch [extra bench_kv flags...]
     local label=$1 pol=$2 ctx=$3 batch=$4
     shift 4
@@ -103,6 +104,23 @@ ONLY=${AGENT_ONLY:-}
 if [ -n "${SUPP_ONLY:-}" ]; then
     for ctx in $CTXS; do run "tiered, keys pulled from storage" tiered "$ctx" 1 --pull-keys; done
     for ctx in $BATCH8_CTXS; do run "tiered + agent" tiered "$ctx" 8 --csd; done
+    rmdir "$CG" 2>/dev/null || true
+elif [ -n "${AGENT_ROWS_ONLY:-}" ]; then
+    for ctx in $CTXS; do
+        run "tiered + agent" tiered "$ctx" 1 --csd
+        run "tiered + agent, SmartSSD-like" tiered "$ctx" 1 --csd --csd-gbps "$SSD_GBPS" \
+            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK"
+    done
+    for ctx in $BATCH8_CTXS; do run "tiered + agent" tiered "$ctx" 8 --csd; done
+    for beta in ${BETAS:-0 0.25 0.5 1 2 4 8}; do
+        run "beta sweep, beta $beta" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
+            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --beta "$beta"
+    done
+    run "beta sweep, beta from APP" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
+        --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --steps 8
+    for b in off naive on; do
+        run "tiered + agent, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --csd --steps "${BKP_STEPS:-48}"
+    done
     rmdir "$CG" 2>/dev/null || true
 else
 if [ -z "$ONLY" ]; then

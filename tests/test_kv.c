@@ -1519,8 +1519,8 @@ static void test_csd(void) {
         if (i >= 2) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
         kv[i] = mk(&s, &p[i]);
         if (kv[i]) kv[i]->read_gap = 0; /* as the agent reads: the same gathered lists */
-        /* runs 0/1 read every selection as TR_KV_GATHERS chunks (4 row requests in flight to
-         * the agent, one per row area), attended as they arrive */
+        /* runs 0/1 read every selection as TR_KV_GATHERS chunks attended as they arrive (the
+         * agent: one row request, attended in the same chunks) */
         if (kv[i] && i < 2) kv[i]->pipe_min = 1;
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
     }

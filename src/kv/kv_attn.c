@@ -252,14 +252,21 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
         /* the selection fits: read it as TR_KV_GATHERS chunks, all in flight at once, and attend
          * over each chunk (online softmax) as soon as it is in, while the later ones are still
          * read; the attention's pass over the rows then hides under the storage wait (the chunk
-         * boundaries depend only on nT and pipe, so host and agent paths attend identically) */
+         * boundaries depend only on nT and pipe, so host and agent paths attend identically).
+         * The storage agent serves its row requests one after another, so there the chunks are
+         * one request: split, its reads would no longer all be in flight together (measured at
+         * 32K: 3.8 s a step against 2.8 s) */
         int32_t bnd[TR_KV_GATHERS + 1];
         for (int c = 0; c <= np; c++) bnd[c] = (int32_t)((int64_t)nT * c / np);
-        for (int c = 0; c < np; c++)
-            tr_kv_gather_start(kv, c, layer, T + bnd[c], bnd[c + 1] - bnd[c], bnd[c]);
+        const int ng = kv->csd ? 1 : np;
+        if (kv->csd)
+            tr_kv_gather_start(kv, 0, layer, T, nT, 0);
+        else
+            for (int c = 0; c < np; c++)
+                tr_kv_gather_start(kv, c, layer, T + bnd[c], bnd[c + 1] - bnd[c], bnd[c]);
         for (int c = 0; c < np; c++) {
-            if ((st = tr_kv_gather_wait(kv, c, err))) {
-                for (int d = c + 1; d < np; d++) tr_kv_gather_wait(kv, d, NULL);
+            if (c < ng && (st = tr_kv_gather_wait(kv, c, err))) {
+                for (int d = c + 1; d < ng; d++) tr_kv_gather_wait(kv, d, NULL);
                 return st;
             }
             j.c0 = bnd[c];
