@@ -100,27 +100,36 @@ PY
 }
 
 SSD_GBPS=${SSD_GBPS:-2.0}; SSD_GFLOPS=${SSD_GFLOPS:-8}; SSD_LINK=${SSD_LINK:-3.2}
+SSD=(--csd --csd-gbps "$SSD_GBPS" --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK")
+agent_rows() { # ctx: the agent unthrottled and SmartSSD-like
+    run "tiered + agent" tiered "$1" 1 --csd
+    run "tiered + agent, SmartSSD-like" tiered "$1" 1 "${SSD[@]}"
+}
+beta_sweep() { # APP: latency against beta (host / agent share of the scoring), SmartSSD-like
+    local beta
+    for beta in ${BETAS:-0 0.25 0.5 1 2 4 8}; do
+        run "beta sweep, beta $beta" tiered "${BETA_CTX:-16384}" 1 "${SSD[@]}" --beta "$beta"
+    done
+    run "beta sweep, beta from APP" tiered "${BETA_CTX:-16384}" 1 "${SSD[@]}" --steps 8
+}
+bkp_rows() { # placement off / naive / on, with the agent, and on the host too unless "agent"
+    local b
+    for b in off naive on; do
+        [ "${1:-}" = agent ] ||
+            run "tiered, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --steps "${BKP_STEPS:-48}"
+        run "tiered + agent, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --csd --steps "${BKP_STEPS:-48}"
+    done
+}
 ONLY=${AGENT_ONLY:-}
 if [ -n "${SUPP_ONLY:-}" ]; then
     for ctx in $CTXS; do run "tiered, keys pulled from storage" tiered "$ctx" 1 --pull-keys; done
     for ctx in $BATCH8_CTXS; do run "tiered + agent" tiered "$ctx" 8 --csd; done
     rmdir "$CG" 2>/dev/null || true
 elif [ -n "${AGENT_ROWS_ONLY:-}" ]; then
-    for ctx in $CTXS; do
-        run "tiered + agent" tiered "$ctx" 1 --csd
-        run "tiered + agent, SmartSSD-like" tiered "$ctx" 1 --csd --csd-gbps "$SSD_GBPS" \
-            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK"
-    done
+    for ctx in $CTXS; do agent_rows "$ctx"; done
     for ctx in $BATCH8_CTXS; do run "tiered + agent" tiered "$ctx" 8 --csd; done
-    for beta in ${BETAS:-0 0.25 0.5 1 2 4 8}; do
-        run "beta sweep, beta $beta" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
-            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --beta "$beta"
-    done
-    run "beta sweep, beta from APP" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
-        --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --steps 8
-    for b in off naive on; do
-        run "tiered + agent, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --csd --steps "${BKP_STEPS:-48}"
-    done
+    beta_sweep
+    bkp_rows agent
     rmdir "$CG" 2>/dev/null || true
 else
 if [ -z "$ONLY" ]; then
@@ -132,23 +141,12 @@ fi
 if [ "${AGENT:-1}" = 1 ]; then
     for ctx in $CTXS; do
         [ -n "$ONLY" ] && { run offload offload "$ctx" 1; run tiered tiered "$ctx" 1; }
-        run "tiered + agent" tiered "$ctx" 1 --csd
-        run "tiered + agent, SmartSSD-like" tiered "$ctx" 1 --csd --csd-gbps "$SSD_GBPS" \
-            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK"
+        agent_rows "$ctx"
         # the agent's baseline: host scoring that pulls the key copies across from storage
         run "tiered, keys pulled from storage" tiered "$ctx" 1 --pull-keys
     done
-    # APP: latency against beta (host / agent share of the scoring), the agent SmartSSD-like
-    for beta in ${BETAS:-0 0.25 0.5 1 2 4 8}; do
-        run "beta sweep, beta $beta" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
-            --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --beta "$beta"
-    done
-    run "beta sweep, beta from APP" tiered "${BETA_CTX:-16384}" 1 --csd --csd-gbps "$SSD_GBPS" \
-        --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK" --steps 8
-    for b in off naive on; do
-        run "tiered, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --steps "${BKP_STEPS:-48}"
-        run "tiered + agent, BKP $b" tiered "${BKP_CTX:-8192}" 1 --bkp "$b" --csd --steps "${BKP_STEPS:-48}"
-    done
+    beta_sweep
+    bkp_rows
 fi
 [ -n "$ONLY" ] && { rmdir "$CG" 2>/dev/null || true; }
 if [ -z "$ONLY" ]; then
