@@ -35,7 +35,8 @@
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
 #define TR_CSD_VERSION 4
-#define TR_CSD_AREAS   4 /* row requests in flight: one per gather of the host (TR_KV_GATHERS) */
+#define TR_CSD_AREAS   2 /* row requests in flight: the two halves of a chunked working set (a
+                           * pipelined selection goes to the agent as one request) */
 #define TR_CSD_RING    4
 #define TR_CSD_MSG     1024
 /* the descriptors the agent finds: the shared region, then one segment file per layer */

@@ -29,8 +29,6 @@ extern char **environ;
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-_Static_assert(TR_CSD_AREAS == TR_KV_GATHERS, "one row area per host gather");
-
 uint64_t tr_kv_csd_region_bytes(const tr_kv_shape *s, uint64_t ws_cap, uint64_t q8row,
                                 uint64_t rec) {
     uint64_t o = align_up(sizeof(tr_csd_ctl), 64);
@@ -440,6 +438,13 @@ void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *se
     tr_kv_gather *G = &kv->gath[which];
     tr_csd_ctl *c = kv->csd_ctl;
     const tr_kv_layer *L = &kv->layers[layer];
+    if (which < 0 || which >= TR_CSD_AREAS) { /* the agent has TR_CSD_AREAS row areas */
+        G->n_jobs = 1;
+        G->failed = true;
+        snprintf(G->err_msg, sizeof G->err_msg, "KV storage agent: row request %d of %d", which,
+                 TR_CSD_AREAS);
+        return;
+    }
     tr_csd_run *runs = (tr_csd_run *)((uint8_t *)c + c->off_runs[which]);
     uint64_t *hashes = (uint64_t *)((uint8_t *)c + c->off_hashes[which]);
     int32_t nr = 0, nh = 0;
