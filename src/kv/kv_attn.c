@@ -15,7 +15,6 @@
  * instead of after normalisation: the same relative rounding, at a different place.
  */
 #include <math.h>
-#include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 
