@@ -97,14 +97,7 @@ static void io_done(void *ctx, tr_io_job *j) {
                  (unsigned long long)j->offset, j->err ? strerror(j->err) : "short read");
     } else if (j->sub == UINT32_MAX) { /* a page's key copy and trailer */
         const int32_t page = (int32_t)(j->owner & 0xffffff);
-        page_trailer t;
-        const uint8_t *d = j->dst;
-        const uint64_t kbytes = c->page_toff - c->page_qoff;
-        memcpy(&t, d + kbytes, sizeof t);
-        if (memcmp(t.magic, "TRKVPAGE", 8) || t.layer != (uint32_t)layer ||
-            t.page != (uint32_t)page || t.key_copy_bytes != kbytes ||
-            t.hash != tr_kv_hash64(&t, offsetof(page_trailer, hash), 0) ||
-            t.key_copy_hash != tr_kv_hash64(d, kbytes, 0))
+        if (!tr_kv_key_copy_ok(j->dst, c->page_toff - c->page_qoff, layer, page))
             snprintf(msg, sizeof msg,
                      "checksum mismatch in the key copy of layer %d, page %d: the file was "
                      "changed or the storage is failing",

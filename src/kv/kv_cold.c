@@ -16,8 +16,7 @@
  *             of the trailer
  *
  * Checksums: XXH3-64 (libxxhash; its AVX2 build where the CPU has it). Every record's hash is also
- * kept in DRAM, and
- * every record read is verified against it: a mismatch (a flipped bit on disk, a stale or
+ * kept in DRAM, and every record read is verified against it: a mismatch (a flipped bit on disk, a stale or
  * misdirected write, another process writing the file) is a TR_E_IO naming the file, layer, page
  * and position, never attention over wrong values.
  *
@@ -41,8 +40,9 @@
 /* Checksums: XXH3-64 from libxxhash                                                              */
 
 /* The library's x86 build is SSE2 (~15 GB/s per core here); the AVX2 build of the same function
- * (src/tensor/x86/hash_avx2.c, ~25 GB/s) is picked at start when the CPU has it. Verifying every
- * record read is on the decode step's path, so the rate matters. Same digests either way. */
+ * (src/tensor/x86/hash_avx2.c, ~25 GB/s) is picked at start with the kernel family: whenever the
+ * family in use is not the scalar one (TERRACE_ISA=scalar lowers both). Verifying every record
+ * read is on the decode step's path, so the rate matters. Same digests either way. */
 static uint64_t hash_sse2(const void *data, size_t len, uint64_t seed) {
     return XXH3_64bits_withSeed(data, len, seed);
 }
@@ -51,14 +51,22 @@ static pthread_once_t g_hash_once = PTHREAD_ONCE_INIT;
 
 static void pick_hash(void) {
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && !getenv("TERRACE_NO_SIMD")) g_hash = tr_xxh3_avx2;
+    if (strcmp(tr_kernels_best()->isa, "scalar") != 0) g_hash = tr_xxh3_avx2;
 #endif
 }
 
 uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed) {
     pthread_once(&g_hash_once, pick_hash);
     return g_hash(data, len, seed);
+}
+
+bool tr_kv_key_copy_ok(const uint8_t *key_copy, uint64_t kbytes, int32_t layer, int32_t page) {
+    page_trailer t;
+    memcpy(&t, key_copy + kbytes, sizeof t);
+    return !memcmp(t.magic, "TRKVPAGE", 8) && t.layer == (uint32_t)layer &&
+           t.page == (uint32_t)page && t.key_copy_bytes == kbytes &&
+           t.hash == tr_kv_hash64(&t, offsetof(page_trailer, hash), 0) &&
+           t.key_copy_hash == tr_kv_hash64(key_copy, kbytes, 0);
 }
 
 uint64_t tr_kv_hash64_ref(const void *data, size_t len, uint64_t seed) {
@@ -361,14 +369,8 @@ static void gather_done(void *ctx, tr_io_job *j) {
                  layer, G->keys ? pos0 : pos0 / TR_KV_PAGE,
                  j->err ? strerror(j->err) : "short read");
     } else if (G->keys) { /* job_pos holds the page */
-        const uint8_t *d = (const uint8_t *)j->dst + G->key_shift;
-        const uint64_t kbytes = kv->page_toff - kv->page_qoff;
-        page_trailer t;
-        memcpy(&t, d + kbytes, sizeof t);
-        if (memcmp(t.magic, "TRKVPAGE", 8) || t.layer != (uint32_t)layer ||
-            t.page != (uint32_t)pos0 || t.key_copy_bytes != kbytes ||
-            t.hash != tr_kv_hash64(&t, offsetof(page_trailer, hash), 0) ||
-            t.key_copy_hash != tr_kv_hash64(d, kbytes, 0)) {
+        if (!tr_kv_key_copy_ok((const uint8_t *)j->dst + G->key_shift,
+                               kv->page_toff - kv->page_qoff, layer, pos0)) {
             tr_kv_seg_path(kv, layer, path, sizeof path);
             snprintf(msg, sizeof msg,
                      "KV cold pool: checksum mismatch in the key copy of %s, layer %d, page %d: "

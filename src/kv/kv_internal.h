@@ -262,6 +262,9 @@ typedef struct page_trailer {
     uint64_t hash; /* of the bytes above */
 } page_trailer;
 _Static_assert(sizeof(page_trailer) == 168, "KV_TRAILER_BYTES in kv.c");
+/* a page's key copy (kbytes) followed by its trailer, as read from storage: the trailer belongs
+ * to (layer, page), is intact, and vouches for the key copy */
+bool tr_kv_key_copy_ok(const uint8_t *key_copy, uint64_t kbytes, int32_t layer, int32_t page);
 
 /* XXH3-64: the SIMD build chosen at start; _ref the library's baseline build (tests compare) */
 uint64_t tr_kv_hash64(const void *data, size_t len, uint64_t seed);
