@@ -267,6 +267,7 @@ int main(int argc, char **argv) {
     double beta = -1;
     int pipe = 0; /* 0: the cache's default */
     bool pull_keys = false;
+    int tail = 0;
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
@@ -275,7 +276,7 @@ int main(int argc, char **argv) {
         {"smooth", 1, 0, 'S'},     {"rho", 1, 0, 'R'},   {"bkp", 1, 0, 'B'},
         {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
-        {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'},
+        {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'}, {"tail", 1, 0, 'T'},
         {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
@@ -298,6 +299,7 @@ int main(int argc, char **argv) {
         case 'K': csd_chunk = atoi(optarg); break;
         case 'E': beta = atof(optarg); break;
         case 'W': pipe = atoi(optarg); break;
+        case 'T': tail = atoi(optarg); break;
         case 'U': pull_keys = true; break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
@@ -323,6 +325,7 @@ int main(int argc, char **argv) {
     const uint64_t rec = (uint64_t)NKV * HD * 2 * 2;
     p.alpha = (float)alpha;
     p.score_bits = bits;
+    p.tail_bits = tail;
     p.hot_bytes = (uint64_t)(hot_frac * (double)ctx) * NL * rec;
     p.cold_dir = cold ? cold : "/tmp";
     p.n_threads = threads;
@@ -406,7 +409,7 @@ int main(int argc, char **argv) {
                "\"step_ms_min\": %.1f, \"bytes_read\": %.0f, \"dev_read\": %.0f, "
                "\"read_ops\": %.0f, \"selected\": %.0f, \"score_ms\": %.1f, \"attn_ms\": %.1f, "
                "\"io_wait_ms\": %.1f, \"hot_used\": %llu, \"cold_used\": %llu, \"read_gap\": %d, "
-               "\"pipe\": %d, \"pull_keys\": %s, "
+               "\"pipe\": %d, \"pull_keys\": %s, \"tail\": %d, "
                "\"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
                "\"rho\": %.3f, \"runs_per_token\": %.3f, \"bkp\": \"%s\", \"csd\": %s, "
                "\"csd_gbps\": %g, \"csd_gflops\": %g, \"csd_link_gbps\": %g, "
@@ -421,7 +424,7 @@ int main(int argc, char **argv) {
                r.mean_ms, r.min_ms, r.bytes_read, r.dev_read, r.read_ops, r.selected, r.score_ms,
                r.attn_ms, r.io_ms, (unsigned long long)fin.hot_bytes * batch,
                (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap, kv[0]->pipe,
-               pull_keys ? "true" : "false",
+               pull_keys ? "true" : "false", tail,
                p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
                (double)g_smooth, (double)g_rho,
                r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0,

@@ -15,7 +15,8 @@
 #   comparison (off / naive / on over BKP_STEPS decode steps at BKP_CTX); AGENT_ONLY=1 runs just
 #   those (with offload and tiered again at each context) and adds them to the last results;
 #   SUPP_ONLY=1 adds just the host-pulls-keys rows and the agent at batch 8 to the last results;
-#   AGENT_ROWS_ONLY=1 adds every row with the agent (each context, batch 8, beta sweep, BKP)
+#   AGENT_ROWS_ONLY=1 adds every row with the agent (each context, batch 8, beta sweep, BKP);
+#   TAIL_ONLY=1 adds offload, tiered and tiered with the tail estimate (--tail 4) at each context
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=build/bench/bench_kv
@@ -58,7 +59,7 @@ dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-
 echo "$dd_gbs" > build/bench/kv-dd.txt
 
 # AGENT_ONLY=1 adds to the last run's results (offload and tiered re-measured next to the agent)
-[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}" ] || : > "$JSONL"
+[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}${TAIL_ONLY:-}" ] || : > "$JSONL"
 run() { # label policy ctx batch [extra bench_kv flags...]
     local label=$1 pol=$2 ctx=$3 batch=$4
     shift 4
@@ -121,7 +122,17 @@ bkp_rows() { # placement off / naive / on, with the agent, and on the host too u
     done
 }
 ONLY=${AGENT_ONLY:-}
-if [ -n "${SUPP_ONLY:-}" ]; then
+tail_rows() { # ctx: tiered adding the unselected tokens' estimate from a 4-bit value copy
+    run "tiered + tail 4" tiered "$1" 1 --tail 4
+}
+if [ -n "${TAIL_ONLY:-}" ]; then
+    for ctx in $CTXS; do
+        run offload offload "$ctx" 1
+        run tiered tiered "$ctx" 1
+        tail_rows "$ctx"
+    done
+    rmdir "$CG" 2>/dev/null || true
+elif [ -n "${SUPP_ONLY:-}" ]; then
     for ctx in $CTXS; do run "tiered, keys pulled from storage" tiered "$ctx" 1 --pull-keys; done
     for ctx in $BATCH8_CTXS; do run "tiered + agent" tiered "$ctx" 8 --csd; done
     rmdir "$CG" 2>/dev/null || true
@@ -136,6 +147,7 @@ if [ -z "$ONLY" ]; then
 for ctx in $CTXS; do
     run offload offload "$ctx" 1
     run tiered tiered "$ctx" 1
+    tail_rows "$ctx"
 done
 fi
 if [ "${AGENT:-1}" = 1 ]; then
@@ -243,6 +255,21 @@ for (lab, ctx, b), d in sorted(by.items(), key=lambda x: (x[0][2], x[0][1])):
         tgt = ("bytes " + ("met" if br <= 0.30 else "MISSED") + ", speed " + ("met" if sp >= 3 else "MISSED"))
     L.append(f"| {ctx} | {b} | {100 * br:.1f}% | {sp:.2f}x | {tgt} |")
 L.append("")
+tl = [d for d in rows if "step_ms" in d and d.get("tail")]
+if tl:
+    L.append("With the tail estimate (`--tail 4`: tiered as above, and each head's output completed "
+             "with the unselected tokens' share, weighted from their scores, over a 4-bit copy of "
+             "the values in DRAM), against the offload and tiered rows measured next to it:\n")
+    L.append("| ctx | batch | step ms | vs offload | vs tiered | bytes / offload | DRAM plan GiB (tiered) |")
+    L.append("|---|---|---|---|---|---|---|")
+    for d in tl:
+        key = (d["ctx"], d["batch"])
+        o, t = by_last.get(("offload",) + key), by_last.get(("tiered",) + key)
+        if not o or not t: continue
+        L.append(f"| {d['ctx']} | {d['batch']} | {d['step_ms']:.0f} | {o['step_ms'] / d['step_ms']:.2f}x | "
+                 f"{t['step_ms'] / d['step_ms']:.2f}x | {100 * d['bytes_read'] / o['bytes_read']:.1f}% | "
+                 f"{g(d['dram_bytes']):.2f} ({g(t['dram_bytes']):.2f}) |")
+    L.append("")
 ag = [d for d in rows if "step_ms" in d and (d.get("csd") or d.get("bkp", "off") != "off"
       or d.get("pull_keys")) and not d.get("label", "").startswith("beta sweep")]
 if ag:

@@ -27,10 +27,16 @@ PY = os.path.join(ROOT, ".venv", "bin", "python3")
 OUT_DIR = os.path.join(ROOT, "bench", "results")
 QUICK = "--quick" in sys.argv
 RESUME = sys.argv[sys.argv.index("--resume-log") + 1] if "--resume-log" in sys.argv else None
-KEYS = [a for a in sys.argv[1:] if not a.startswith("--") and a != RESUME] or ["smollm2", "qwen2"]
+# --only P[,P]: run just these policies (full's figures come from the recorded results) and add
+# them to the recorded results of each model
+ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+KEYS = [a for a in sys.argv[1:] if not a.startswith("--") and a != RESUME and
+        (ONLY is None or a != ",".join(ONLY))] or ["smollm2", "qwen2"]
 
 ALPHAS = [0.05, 0.1, 0.2]
-POLICIES = ["tiered", "h2o", "quest"]
+# tiered+tail: tiered with --kv-tail 4 (the unselected tokens' estimated share of each head's
+# attention, from a 4-bit value copy)
+POLICIES = ["tiered", "tiered+tail", "h2o", "quest"]
 # The models' contexts and what is practical on 2 cores (attention cost grows with the square of
 # the context): perplexity at 4K over two chunks with every configuration, and at the longest
 # practical context over one chunk with the reduced set; passkey with the reduced set.
@@ -46,8 +52,13 @@ if QUICK:
         m["ppl_ctx"] = m["ppl_ctx"][:1]
         m["passkey"] = m["passkey"][:1]
 # the reduced set for the expensive measurements: tiered at every alpha, the baselines at 0.1
-REDUCED = [("full", 1.0), ("tiered", 0.05), ("tiered", 0.1), ("tiered", 0.2), ("h2o", 0.1),
+REDUCED = [("full", 1.0), ("tiered", 0.05), ("tiered", 0.1), ("tiered", 0.2),
+           ("tiered+tail", 0.05), ("tiered+tail", 0.1), ("tiered+tail", 0.2), ("h2o", 0.1),
            ("quest", 0.1)]
+
+
+def only(cfgs):
+    return [c for c in cfgs if ONLY is None or c[0] in ONLY]
 
 
 def sh(args, **kw):
@@ -67,7 +78,11 @@ def kjv():
 
 
 def kv_flags(policy, alpha):
-    return [] if policy == "full" else ["--kv-policy", policy, "--kv-alpha", str(alpha)]
+    if policy == "full":
+        return []
+    if policy == "tiered+tail":
+        return ["--kv-policy", "tiered", "--kv-alpha", str(alpha), "--kv-tail", "4"]
+    return ["--kv-policy", policy, "--kv-alpha", str(alpha)]
 
 
 def configs(cfg=None):
@@ -170,23 +185,29 @@ def main():
     done = resumed()
     if os.path.exists(jpath):
         with open(jpath) as f:
-            results = {k: v for k, v in json.load(f).items() if k not in KEYS}
+            recorded = json.load(f)
+            results = {k: v for k, v in recorded.items() if k not in KEYS or ONLY}
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="terrace-kvq-") as tmp:
         for key in KEYS:
             cfg = MODELS[key]
             model = model_path(key)
             t_model = time.time()
-            res = results[key] = {"name": cfg["name"], "ppl": {}, "agree": {}, "passkey": {},
-                                  "date": time.strftime("%Y-%m-%d"), "quick": QUICK,
-                                  **({"resumed_from": RESUME} if RESUME else {}),
-                                  "ppl_chunks": cfg.get("ppl_chunks", 2),
-                                  "reduced": cfg.get("reduced", False)}
+            if ONLY and key in results:
+                res = results[key]
+                res.setdefault("added", []).append(
+                    {"policies": ONLY, "date": time.strftime("%Y-%m-%d")})
+            else:
+                res = results[key] = {"name": cfg["name"], "ppl": {}, "agree": {}, "passkey": {},
+                                      "date": time.strftime("%Y-%m-%d"), "quick": QUICK,
+                                      **({"resumed_from": RESUME} if RESUME else {}),
+                                      "ppl_chunks": cfg.get("ppl_chunks", 2),
+                                      "reduced": cfg.get("reduced", False)}
             # perplexity: enough text for two chunks at each context (~3.5 chars per token)
             for ci, ctx in enumerate(cfg["ppl_ctx"]):
                 chunks = cfg.get("ppl_chunks", 2) if ci == 0 else 1
                 src = cut_text(text, int(ctx * 2 * 4.2) + 4096, os.path.join(tmp, f"kjv{ctx}.txt"))
-                for pol, a in (configs(cfg) if ci == 0 else REDUCED):
+                for pol, a in only(configs(cfg) if ci == 0 else REDUCED):
                     t0 = time.time()
                     v = done.get((key, ctx, pol, a))
                     if v is not None:
@@ -204,7 +225,7 @@ def main():
             n_gen = 128 if QUICK else 256
             gen = agreement(model, prompt, n_gen, "full", 1.0, tmp)
             seq = prompt + gen
-            for pol, a in configs(cfg):
+            for pol, a in only(configs(cfg)):
                 t0 = time.time()
                 pred = top1(model, seq, pol, a, tmp)
                 # position len(prompt)-1+i predicts gen[i]
@@ -217,14 +238,17 @@ def main():
                 for depth in (0.1, 0.5, 0.9):
                     key_num = 10007 + int(depth * 1000) * 7 + ctx % 997
                     prompt_text = passkey_prompt(ctx - 96, depth, key_num, tpf)
-                    for pol, a in REDUCED:
+                    for pol, a in only(REDUCED):
                         t0 = time.time()
                         out = passkey(model, prompt_text, ctx, pol, a, tmp)
                         ok = str(key_num) in out
                         res["passkey"].setdefault(f"{pol}@{a}", {})[f"{ctx}/{depth}"] = ok
                         print(f"{key} passkey {ctx} depth {depth} {pol} a={a}: {'ok' if ok else 'miss'} "
                               f"({out.strip()[:30]!r}, {time.time() - t0:.0f} s)", flush=True)
-            res["minutes"] = round((time.time() - t_model) / 60)
+            if ONLY and res.get("added"):
+                res["added"][-1]["minutes"] = round((time.time() - t_model) / 60)
+            else:
+                res["minutes"] = round((time.time() - t_model) / 60)
             with open(jpath, "w") as f:
                 json.dump(results, f, indent=1)
     write_report(results)
@@ -241,7 +265,9 @@ def write_report(results):
              "agreement with full's greedy choice over 256 generated tokens (128 with --quick) after a 3000-token "
              "prompt (teacher-forced); passkey: a 5-digit number at 10/50/90 % depth in filler, "
              "correct if the 8-token greedy answer contains it (tiered at each alpha, the baselines at "
-             "0.1, and full).", ""]
+             "0.1, and full). tiered+tail: tiered with `--kv-tail 4`, each head's output completed "
+             "with the unselected tokens' share of its attention, weighted from their scores, over a "
+             "4-bit copy of the values (DRAM).", ""]
     for key, res in results.items():
         lines += [f"## {res['name']}", "",
                   f"Run {res.get('date', '?')}, {res.get('minutes', '?')} min"
@@ -249,12 +275,23 @@ def write_report(results):
                   f"; perplexity over {res.get('ppl_chunks', 2)} chunk(s) at the first context"
                   f"{'; the reduced set throughout (tiered at every alpha, the baselines at 0.1)' if res.get('reduced') else ''}"
                   f"; passkey at {', '.join(sorted({k.split('/')[0] for v in res['passkey'].values() for k in v}, key=int))} tokens"
-                  f"{'; the perplexities already printed by an earlier, interrupted run of the same build were taken from its log: ' + res['resumed_from'] if res.get('resumed_from') else ''}.", ""]
+                  f"{'; the perplexities already printed by an earlier, interrupted run of the same build were taken from its log: ' + res['resumed_from'] if res.get('resumed_from') else ''}."]
+        for note in res.get("notes", []):  # written into kv-quality.json by hand
+            lines += ["", note]
+        for ad in res.get("added", []):
+            lines += [""]
+            lines.append(f"Rows of {', '.join(ad['policies'])} added {ad['date']} by a run with "
+                         f"`--only` ({ad.get('minutes', '?')} min, that day's build; full's figures "
+                         "from the run above).")
+        lines.append("")
         ctxs = list(res["ppl"])
         head = "| policy | alpha | " + " | ".join(f"PPL c={c}" for c in ctxs) + \
                " | top-1 agreement | passkey |"
         lines += [head, "|" + "---|" * (4 + len(ctxs))]
-        for cfgkey in res["agree"]:
+        order = ["full"] + POLICIES
+        for cfgkey in sorted(res["agree"], key=lambda k: (k.split("@")[0] != "full",
+                                                          float(k.split("@")[1]),
+                                                          order.index(k.split("@")[0]))):
             pol, a = cfgkey.split("@")
             cells = []
             for c in ctxs:

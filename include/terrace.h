@@ -293,6 +293,8 @@ typedef struct tr_session_params {
     int32_t kv_sink;       /* first tokens always attended; < 0: 4 */
     int32_t kv_window;     /* recent tokens always attended; < 0: 64 */
     int kv_score_bits;     /* 8 or 4 (tiered scoring copy); 0: 8 */
+    int kv_tail_bits;      /* tiered: 8 or 4 adds the unselected tokens' estimated share of the
+                              attention from a value copy of that precision; 0: off */
     uint64_t kv_hot_bytes; /* hot pool budget; 0: every token hot */
     const char *kv_cold_dir; /* cold pool directory (needed when the hot pool cannot hold -c) */
     bool kv_keep;          /* keep the cold pool's files when the session ends */
@@ -328,6 +330,9 @@ typedef struct tr_session_kv_stats {
     /* APP: the last beta, host and agent scoring rates (tokens/s), hot-pool copy and agent row
      * rates (bytes/s): measured running averages, or the given ones */
     double beta, f_c, f_s, b_c, b_s;
+    /* --kv-tail: mean share of each head's attention left to the estimate (over the rows
+     * completed so far; 0 without) */
+    double tail_share;
 } tr_session_kv_stats;
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 

@@ -384,6 +384,65 @@ static void check_dot_rows(const tr_kernels *ref, const tr_kernels *fast, int fa
     }
 }
 
+/* axpy_rows (the family's and the scalar reference) against a sum in double over the rows decoded
+ * here: 1, 3 and 9 weight vectors (the AVX-512 kernel pairs rows up to 4 and takes 8 at a time),
+ * 150 rows picked by index (repeats allowed; tiles of 64 and a ragged one), outputs at a stride
+ * wider than a row, whose gaps must stay untouched */
+static void check_axpy_rows(const tr_kernels *fast, int ti, int64_t n, tu_rng *r) {
+    const tr_type t = k_types[ti];
+    const size_t rb = tr_type_row_bytes(t, n);
+    enum { ROWS = 19, PICKS = 150, NW = 9 };
+    uint8_t *tab = malloc(rb * ROWS);
+    for (int i = 0; i < ROWS; i++) fill_weights(r, t, tab + (size_t)i * rb, n);
+    int32_t idx[PICKS];
+    for (int i = 0; i < PICKS; i++) idx[i] = (int32_t)(tu_next(r) % ROWS);
+    for (int nw = 1; nw <= NW; nw += nw == 1 ? 2 : 6) {
+        const size_t os = (size_t)n + 5;
+        float w[NW * PICKS],
+            *out[2] = {malloc(sizeof(float) * os * NW), malloc(sizeof(float) * os * NW)};
+        for (int i = 0; i < NW * PICKS; i++) w[i] = (float)(tu_next(r) % 2001) / 1000.0f - 1.0f;
+        for (int k = 0; k < 2; k++)
+            for (size_t i = 0; i < os * NW; i++) out[k][i] = 0.25f;
+        tr_axpy_rows(fast, t, n, PICKS, nw, out[0], os, w, PICKS, tab, rb, idx);
+        tr_axpy_rows_ref(t, n, PICKS, nw, out[1], os, w, PICKS, tab, rb, idx);
+        for (int h = 0; h < nw; h++)
+            for (int64_t e = 0; e < n; e++) {
+                double want = 0.25, mag = 0.25;
+                for (int i = 0; i < PICKS; i++) {
+                    const uint8_t *row = tab + (size_t)idx[i] * rb;
+                    double x;
+                    if (t == TR_TYPE_Q8_0) {
+                        const tr_blk_q8_0 *b = (const tr_blk_q8_0 *)row + e / 32;
+                        x = (double)tr_f16_to_f32(b->d) * b->qs[e % 32];
+                    } else {
+                        const tr_blk_q4_0 *b = (const tr_blk_q4_0 *)row + e / 32;
+                        const int j = (int)(e % 32);
+                        const int q = j < 16 ? (b->qs[j] & 15) : (b->qs[j - 16] >> 4);
+                        x = (double)tr_f16_to_f32(b->d) * (q - 8);
+                    }
+                    want += (double)w[h * PICKS + i] * x;
+                    mag += fabs((double)w[h * PICKS + i] * x);
+                }
+                for (int k = 0; k < 2; k++) {
+                    const float got = out[k][(size_t)h * os + (size_t)e];
+                    TU_CHECK(fabs(got - want) <= 1e-5 * mag,
+                             "%s %s axpy_rows n=%lld nw=%d "
+                             "[%d][%lld]: %.9g vs %.9g",
+                             k ? "reference" : fast->isa, tr_type_name(t), (long long)n, nw, h,
+                             (long long)e, got, want);
+                }
+            }
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < NW; h++)
+                for (size_t e = (size_t)n; e < os; e++)
+                    TU_CHECK(out[k][(size_t)h * os + e] == 0.25f, "%s axpy_rows wrote past a row",
+                             k ? "reference" : fast->isa);
+        free(out[0]);
+        free(out[1]);
+    }
+    free(tab);
+}
+
 /* Negative control: results of simulated kernel bugs must fail the check. The bugs are made on
  * the reference (so they are exactly what a broken kernel would return for these inputs):
  *   decode - every code byte of the last block XOR 0x11 (two nibbles / bit fields off by one
@@ -604,6 +663,9 @@ int main(void) {
             if (k_types[ti] == TR_TYPE_Q4_0 || k_types[ti] == TR_TYPE_Q8_0)
                 for (int nb = 1; nb <= 40; nb += nb < 10 ? 1 : 7)
                     check_dot_rows(ref, fams[f], f, ti, nb * 32, &r);
+        for (int ti = 0; ti < N_TYPES; ti++)
+            if (k_types[ti] == TR_TYPE_Q4_0 || k_types[ti] == TR_TYPE_Q8_0)
+                for (int nb = 1; nb <= 5; nb++) check_axpy_rows(fams[f], ti, nb * 32, &r);
     }
 
     /* matmul: every family (scalar included: it checks the row/column splitting itself) */

@@ -1491,6 +1491,121 @@ out:
     data_free(&d);
 }
 
+/* ---- tail: the unselected tokens' estimated share ----------------------------------------------
+ * Tiered at alpha 0.1 with --kv-tail 8 / 4 against the same selection without it: the output
+ * must come closer to exact full attention (RMS over the last rows, every attention shape), with
+ * the pools hot or mostly cold; alpha 1 leaves nothing out and must equal the reference; a bad
+ * precision, another policy, the storage agent and attention sinks are named errors. */
+static double rms_vs_ref(tr_kv *kv, const data *d, const shp *s, int32_t from, int32_t to,
+                         double *ref_rms) {
+    const size_t qn = (size_t)s->nh * s->hdk, on = (size_t)s->nh * s->hdv;
+    float *q = malloc(sizeof(float) * qn), *o = malloc(sizeof(float) * on),
+          *want = malloc(sizeof(float) * on);
+    double se = 0.0, sr = 0.0;
+    size_t cnt = 0;
+    tr_error err = {0};
+    for (int32_t pos = from; pos < to; pos++) {
+        query_make(q, s, pos, 1000 + (uint64_t)pos, false);
+        const int32_t l = pos % s->nl;
+        if (tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 1.0f / sqrtf((float)s->hdk), NULL, 0,
+                              o, on, &err)) {
+            TU_CHECK(0, "tail %s pos %d: %s", s->name, pos, err.msg);
+            break;
+        }
+        ref_attend(d, l, s, pos, q, 1.0f / sqrtf((float)s->hdk), NULL, 0, NULL, want);
+        for (size_t i = 0; i < on; i++) {
+            se += ((double)o[i] - want[i]) * ((double)o[i] - want[i]);
+            sr += (double)want[i] * want[i];
+        }
+        cnt += on;
+    }
+    free(q);
+    free(o);
+    free(want);
+    if (ref_rms) *ref_rms = sqrt(sr / (double)(cnt ? cnt : 1));
+    return sqrt(se / (double)(cnt ? cnt : 1));
+}
+
+static void test_tail(void) {
+    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
+        const shp *s = &SHAPES[si];
+        data d;
+        data_make(&d, s->nl, s->nctx, s->nkv, s->hdk, s->hdv, 91 + si, false);
+        double e[3][2], ref = 0.0;
+        for (int cold = 0; cold < 2; cold++)
+            for (int b = 0; b < 3; b++) {
+                tr_kv_params p = params(TR_KV_TIERED, 0.1f);
+                p.tail_bits = b == 0 ? 0 : b == 1 ? 8 : 4;
+                if (cold) {
+                    p.cold_dir = g_tmp;
+                    p.hot_bytes = hot_min(s, &p);
+                }
+                tr_kv *kv = mk(s, &p);
+                e[b][cold] = kv && fill(kv, &d, 0, s->nctx)
+                                 ? rms_vs_ref(kv, &d, s, s->nctx - 40, s->nctx, &ref)
+                                 : 1e9;
+                tr_kv_free(kv);
+            }
+        for (int cold = 0; cold < 2; cold++) {
+            TU_CHECK(e[1][cold] < 0.5 * e[0][cold] && e[2][cold] < 0.7 * e[0][cold],
+                     "tail %s %s: RMS error vs full %.3g (tail 8) / %.3g (tail 4), selection "
+                     "alone %.3g",
+                     s->name, cold ? "cold" : "hot", e[1][cold], e[2][cold], e[0][cold]);
+            printf("tail %s %s, alpha 0.1: RMS error vs full %.4f selection alone, %.4f tail 8, "
+                   "%.4f tail 4 (output RMS %.3f)\n",
+                   s->name, cold ? "cold" : "hot", e[0][cold], e[1][cold], e[2][cold], ref);
+        }
+        /* alpha 1: nothing left out */
+        tr_kv_params p = params(TR_KV_TIERED, 1.0f);
+        p.tail_bits = 8;
+        tr_kv *kv = mk(s, &p);
+        const double e1 = kv && fill(kv, &d, 0, s->nctx)
+                              ? rms_vs_ref(kv, &d, s, s->nctx - 10, s->nctx, NULL)
+                              : 1e9;
+        TU_CHECK(e1 < TOL, "tail %s alpha 1: RMS %.3g vs full", s->name, e1);
+        tr_kv_free(kv);
+        data_free(&d);
+    }
+    const shp *s = &SHAPES[1];
+    const tr_kv_shape sh = to_shape(s);
+    tr_error err = {0};
+    tr_kv *kv = NULL;
+    tr_kv_params p = params(TR_KV_TIERED, 0.1f);
+    p.tail_bits = 3;
+    TU_CHECK(tr_kv_create(&sh, &p, &kv, &err) == TR_E_ARG && strstr(err.msg, "--kv-tail 3"),
+             "tail 3: %s", err.msg);
+    p = params(TR_KV_QUEST, 0.1f);
+    p.tail_bits = 8;
+    TU_CHECK(tr_kv_create(&sh, &p, &kv, &err) == TR_E_ARG && strstr(err.msg, "tiered"),
+             "tail with quest: %s", err.msg);
+    p = params(TR_KV_TIERED, 0.1f);
+    p.tail_bits = 8;
+    p.csd = true;
+    p.cold_dir = g_tmp;
+    p.hot_bytes = hot_min(s, &p);
+    TU_CHECK(tr_kv_create(&sh, &p, &kv, &err) == TR_E_ARG && strstr(err.msg, "--csd"),
+             "tail with the agent: %s", err.msg);
+    p = params(TR_KV_TIERED, 0.1f);
+    p.tail_bits = 8;
+    kv = mk(s, &p);
+    data d;
+    data_make(&d, s->nl, s->nctx, s->nkv, s->hdk, s->hdv, 5, false);
+    if (kv && fill(kv, &d, 0, s->nctx)) {
+        const size_t qn = (size_t)s->nh * s->hdk, on = (size_t)s->nh * s->hdv;
+        float *q = calloc(qn, sizeof(float)), *o = calloc(on, sizeof(float)),
+              *sinks = calloc((size_t)s->nh, sizeof(float));
+        int32_t pos = s->nctx - 1;
+        const tr_status st =
+            tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, sinks, 0, o, on, &err);
+        TU_CHECK(st == TR_E_ARG && strstr(err.msg, "sinks"), "tail with sinks: %d %s", st, err.msg);
+        free(q);
+        free(o);
+        free(sinks);
+    }
+    tr_kv_free(kv);
+    data_free(&d);
+}
+
 /* ---- the storage agent ---------------------------------------------------------------------------
  * The same decode run through host scoring and through terrace-storaged (tiered, most tokens
  * cold; with the default working set and with one that forces chunks): every selection and every
@@ -1700,6 +1815,7 @@ int main(void) {
     test_faults();
     test_bkp();
     test_pull_keys();
+    test_tail();
     test_app_rates();
     test_csd();
     rmdir(g_tmp);

@@ -62,6 +62,9 @@ typedef struct kv_plan {
     bool cold, aligned;
     tr_type qtype;
     size_t qrow, q8row;
+    int32_t hdv_pad;
+    tr_type vtype;
+    size_t vrow;
     size_t page_bytes, page_qoff, page_toff;
     uint64_t data_off;
     uint64_t dram, cold_bytes;
@@ -99,6 +102,16 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
                        p->csd_gflops, p->csd_link_gbps);
     if (p->score_bits != 8 && p->score_bits != 4)
         return tr_fail(err, TR_E_ARG, "--kv-score-bits %d: 8 or 4", p->score_bits);
+    if (p->tail_bits != 0 && p->tail_bits != 8 && p->tail_bits != 4)
+        return tr_fail(err, TR_E_ARG, "--kv-tail %d: 0 (off), 8 or 4", p->tail_bits);
+    if (p->tail_bits && p->policy != TR_KV_TIERED)
+        return tr_fail(err, TR_E_ARG, "--kv-tail %d needs --kv-policy tiered (policy %s)",
+                       p->tail_bits, tr_kv_policy_name(p->policy));
+    if (p->tail_bits && p->csd)
+        return tr_fail(err, TR_E_ARG,
+                       "--kv-tail %d needs host scoring: the storage agent (--csd) "
+                       "returns no estimate for the tokens it leaves out",
+                       p->tail_bits);
     if (p->n_threads < 0 || p->n_threads > 4096 || p->io_threads < 0 || p->io_threads > 256)
         return tr_fail(err, TR_E_ARG, "KV threads %d / I/O threads %d", p->n_threads,
                        p->io_threads);
@@ -162,6 +175,10 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     o->qtype = p->score_bits == 4 ? TR_TYPE_Q4_0 : TR_TYPE_Q8_0;
     o->qrow = (size_t)(o->hdk_pad / 32) * (p->score_bits == 4 ? 18 : 34);
     o->q8row = (size_t)(o->hdk_pad / 32) * 34;
+    /* tail: low-precision value copy, same block formats */
+    o->hdv_pad = (int32_t)round_up((uint64_t)s->head_dim_v, 32);
+    o->vtype = p->tail_bits == 4 ? TR_TYPE_Q4_0 : TR_TYPE_Q8_0;
+    o->vrow = p->tail_bits ? (size_t)(o->hdv_pad / 32) * (p->tail_bits == 4 ? 18 : 34) : 0;
     const bool tiered = p->policy == TR_KV_TIERED, quest = p->policy == TR_KV_QUEST,
                h2o = p->policy == TR_KV_H2O;
 
@@ -196,6 +213,8 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
     if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;     /* masses, the row's scores per head */
     if (tiered) d += nh * n_ctx * 4 + nh * 8;         /* scores per head, their max and sum */
+    if (p->tail_bits) /* value copy; per head: the estimate and its share */
+        d += L * nkv * n_ctx * o->vrow + nh * ((uint64_t)o->hdv_pad * 4 + 4);
     d += n_ctx * (4 + 4 + 4 + 1 + 1) + (uint64_t)o->n_pages * 4; /* selection scratch */
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
     d += (uint64_t)o->n_scratch * (ws * 6 + (uint64_t)s->head_dim_k * 2);
@@ -262,6 +281,7 @@ void tr_kv_free(tr_kv *kv) {
         free(L->tok);
         free(L->hash);
         free(L->qk);
+        free(L->qv);
         free(L->eq);
         free(L->pmin);
         free(L->pmax);
@@ -287,6 +307,8 @@ void tr_kv_free(tr_kv *kv) {
     free(kv->st_l);
     free(kv->hs);
     free(kv->hz);
+    free(kv->tail_o);
+    free(kv->tail_e);
     free(kv->vlo);
     free(kv->vhi);
     free(kv->skip);
@@ -330,6 +352,9 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     kv->hdk_pad = pl.hdk_pad;
     kv->qrow = pl.qrow;
     kv->q8row = pl.q8row;
+    kv->vtype = pl.vtype;
+    kv->hdv_pad = pl.hdv_pad;
+    kv->vrow = pl.vrow;
     kv->agg = TR_KV_AGG_PSUM;
     kv->eq_mode = TR_KV_EQ_ABSMAX;
     /* the agent serves scattered reads on its own I/O threads, and joined reads would carry
@@ -364,7 +389,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     }
     uint32_t *free_slots;
     int32_t *slot_pos;
-    uint8_t *hot, *qk = NULL;
+    uint8_t *hot, *qk = NULL, *qv = NULL;
     tr_kv_tok *tok;
     uint64_t *hash = NULL;
     float *eq = NULL, *mass = NULL;
@@ -380,6 +405,11 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     if (pol == TR_KV_TIERED) {
         ALLOC(qk, NL * nkv * n_ctx * pl.qrow, 64);
         ALLOC(eq, NL * nkv * (size_t)pl.hdk_pad * 4, 0);
+    }
+    if (params->tail_bits) {
+        ALLOC(qv, NL * nkv * n_ctx * pl.vrow, 64);
+        ALLOC(kv->tail_o, nh * (size_t)pl.hdv_pad * 4, 64);
+        ALLOC(kv->tail_e, nh * 4, 0);
     }
     if (pol == TR_KV_QUEST) {
         ALLOC(pmin, NL * nkv * (size_t)pl.n_pages * hdk * 2, 0);
@@ -397,6 +427,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         L->tok = tok + l * n_ctx;
         L->hash = hash ? hash + l * n_ctx : NULL;
         L->qk = qk ? qk + l * nkv * n_ctx * pl.qrow : NULL;
+        L->qv = qv ? qv + l * nkv * n_ctx * pl.vrow : NULL;
         L->eq = eq ? eq + l * nkv * (size_t)pl.hdk_pad : NULL;
         L->pmin = pmin ? pmin + l * nkv * (size_t)pl.n_pages * hdk : NULL;
         L->pmax = pmax ? pmax + l * nkv * (size_t)pl.n_pages * hdk : NULL;
@@ -422,6 +453,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         free(tok);
         free(hash);
         free(qk);
+        free(qv);
         free(eq);
         free(pmin);
         free(pmax);
@@ -452,7 +484,12 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     ALLOC(kv->cscore, n_ctx * 4, 0);
     ALLOC(kv->mark, n_ctx, 0);
     ALLOC(kv->pg_order, (size_t)pl.n_pages * 4, 0);
-    ALLOC(kv->qf, nh * (size_t)pl.hdk_pad * 4, 0);
+    /* the query in float; also the staging row of the key and value copies */
+    ALLOC(kv->qf,
+          (nh * (size_t)pl.hdk_pad > (size_t)pl.hdv_pad ? nh * (size_t)pl.hdk_pad
+                                                        : (size_t)pl.hdv_pad) *
+              4,
+          0);
     ALLOC(kv->q8, nh * pl.q8row, 64);
     ALLOC(kv->th_s, (size_t)pl.n_scratch * (size_t)pl.ws_cap * 4, 64);
     ALLOC(kv->th_p, (size_t)pl.n_scratch * (size_t)pl.ws_cap * 2, 64);
@@ -556,6 +593,7 @@ tr_status tr_kv_append_rec(tr_kv *kv, int32_t layer, const uint8_t *rec, tr_erro
          * pool holds at least two pages); its tokens are quantized again with them */
         if (!L->calibrated && pos == TR_KV_PAGE - 1) tr_kv_calibrate(kv, L);
     }
+    if (L->qv) tr_kv_quant_value(kv, L, pos, rec);
     if (L->pmin) tr_kv_quest_update(kv, L, pos, rec);
     if (kv->cold && (pos + 1) % TR_KV_PAGE == 0) {
         tr_status st = tr_kv_cold_write_page(kv, layer, pos / TR_KV_PAGE, err);
@@ -629,6 +667,8 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->b_s = kv->app_bs * 1e9;
     o->alpha_c = kv->app_ac;
     o->alpha_s = kv->app_as;
+    o->tail_rows = kv->tail_rows;
+    o->tail_share_sum = kv->tail_share_sum;
     tr_kv_csd_counters(kv, &o->csd_score_bytes, &o->csd_row_bytes, &o->csd_storage_bytes,
                        &o->csd_busy_ns, &o->csd_mem_bytes);
 }

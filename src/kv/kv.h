@@ -79,6 +79,10 @@ typedef struct tr_kv_params {
     int32_t n_sink;       /* first tokens always attended (default 4) */
     int32_t n_window;     /* most recent tokens always attended (default 64) */
     int score_bits;       /* 8 or 4: precision of the key copy used for scoring (tiered) */
+    int tail_bits;        /* tiered: 0 (default) attends the selection only; 8 or 4 also adds
+                             the unselected tokens' share of each head's attention, estimated from
+                             their scores and a low-precision copy of the values kept in DRAM
+                             (host scoring only) */
     uint64_t hot_bytes;   /* hot pool budget; 0: everything hot (no cold pool needed) */
     const char *cold_dir; /* cold pool directory (needed when hot_bytes cannot hold n_ctx) */
     bool keep;            /* keep the cold files after free */
@@ -184,6 +188,10 @@ typedef struct tr_kv_stats {
      * agent row rates (bytes/s: DRAM copy, agent reads to the shared working set), the measured
      * selection fractions of the host's and the agent's parts */
     double beta, f_c, f_s, b_c, b_s, alpha_c, alpha_s;
+    /* tail: rows completed with the estimate, and their summed share of attention left to it
+     * (mean over query heads), cumulative */
+    uint64_t tail_rows;
+    double tail_share_sum;
 } tr_kv_stats;
 void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);
 

@@ -354,6 +354,22 @@ static void h2o_accumulate(tr_kv *kv, tr_kv_layer *L, const int32_t *T) {
     }
 }
 
+/* tail (kv_score.c): out = (1 - e) x attention over the selection + the unselected share */
+static void add_tail(tr_kv *kv, float *out) {
+    const int32_t hdv = kv->shape.head_dim_v;
+    double share = 0.0;
+    for (int32_t h = 0; h < kv->shape.n_head; h++) {
+        share += (double)kv->tail_e[h];
+        const float keep = 1.0f - kv->tail_e[h];
+        const float *t = kv->tail_o + (size_t)h * kv->hdv_pad;
+        float *o = out + (size_t)h * hdv;
+        for (int32_t d = 0; d < hdv; d++) o[d] = keep * o[d] + t[d];
+    }
+    kv->tail_rows++;
+    kv->tail_share_sum += share / kv->shape.n_head;
+    kv->tail_row = false;
+}
+
 tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t rows,
                             const int32_t *pos, const float *q, size_t q_stride, float scale,
                             const float *sinks, int32_t swa, float *out, size_t out_stride,
@@ -412,6 +428,15 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                              out + (size_t)r * out_stride, out_stride, T, nT,
                              nT > n ? kv->skip : NULL, pol == TR_KV_H2O, L->moved != NULL, err);
             if (st) break;
+            if (kv->tail_row) {
+                if (sinks) {
+                    st = tr_fail(err, TR_E_ARG,
+                                 "--kv-tail: this model's attention has sinks, "
+                                 "which the estimate does not handle; use --kv-tail 0");
+                    break;
+                }
+                add_tail(kv, out + (size_t)r * out_stride);
+            }
             selected += (uint64_t)n;
             if (pol == TR_KV_H2O) {
                 h2o_accumulate(kv, L, T);

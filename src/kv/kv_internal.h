@@ -73,6 +73,7 @@ typedef struct tr_kv_layer {
     tr_kv_tok *tok;        /* [n_ctx] */
     uint64_t *hash;        /* [n_ctx] hash of each record written to the segment file */
     uint8_t *qk;           /* tiered: [n_kv][n_ctx][qrow] low-precision key copy */
+    uint8_t *qv;           /* tail: [n_kv][n_ctx][vrow] low-precision value copy */
     float *eq;             /* tiered: [n_kv][hdk_pad] per-channel scale the copy was divided by */
     bool calibrated;       /* eq came from the first page (else all ones) */
     uint16_t *pmin, *pmax; /* quest: [n_kv][n_pages][hdk] F16 per-channel key bounds per page */
@@ -126,6 +127,17 @@ struct tr_kv {
     int32_t hdk_pad; /* head_dim_k rounded up to 32 */
     size_t qrow;     /* bytes of one key head's low-precision row */
     size_t q8row;    /* bytes of one query head in Q8_0 */
+    /* tail (params.tail_bits): the value copy's format, and the current row's estimate of what
+     * the unselected tokens add, per query head: tail_o[h] (share-weighted sum of their values,
+     * hdv_pad floats) and tail_e[h] (their share); tail_row says it belongs to the row just
+     * selected */
+    tr_type vtype;
+    int32_t hdv_pad;
+    size_t vrow;
+    float *tail_o, *tail_e;
+    bool tail_row;
+    uint64_t tail_rows; /* statistics: rows completed, their summed mean share */
+    double tail_share_sum;
     tr_kv_agg agg;
     tr_kv_eq eq_mode;
     int32_t pipe; /* chunks a fitting selection is read and attended in (1..TR_KV_GATHERS) */
@@ -300,6 +312,13 @@ void tr_kv_io_free(tr_kv *kv);
 
 /* ---- kv_score.c: low-precision key copy, scoring, selection, quest bounds, h2o ---- */
 void tr_kv_quant_key(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec);
+/* tail: the value copy of a token (blocks of 32, no per-channel scale: values have no outlier
+ * channels to equalise) */
+void tr_kv_quant_value(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec);
+/* tail: after a tiered selection (kv->mark set, per-head scores in kv->hs), the unselected
+ * candidates' share and share-weighted value sum per query head (kv->tail_e, kv->tail_o) */
+void tr_kv_tail_estimate(tr_kv *kv, tr_pool *pool, const tr_kv_layer *L, const int32_t *cand,
+                         int32_t n_cand, int32_t n_all, int32_t n_a);
 void tr_kv_calibrate(tr_kv *kv, tr_kv_layer *L);
 void tr_kv_quest_update(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec);
 tr_status tr_kv_quest_rebuild_page(tr_kv *kv, int32_t layer, int32_t page, tr_error *err);

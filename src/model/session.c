@@ -39,6 +39,7 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     if (p->kv_sink >= 0) kp.n_sink = p->kv_sink;
     if (p->kv_window >= 0) kp.n_window = p->kv_window;
     if (p->kv_score_bits) kp.score_bits = p->kv_score_bits;
+    kp.tail_bits = p->kv_tail_bits;
     kp.hot_bytes = p->kv_hot_bytes;
     kp.cold_dir = p->kv_cold_dir;
     kp.keep = p->kv_keep;
@@ -94,6 +95,7 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->f_s = st.f_s;
     out->b_c = st.b_c;
     out->b_s = st.b_s;
+    out->tail_share = st.tail_rows ? st.tail_share_sum / (double)st.tail_rows : 0.0;
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */

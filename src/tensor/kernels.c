@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/blocks.h"
+#include "tensor/fp16.h"
 #include "tensor/kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -107,6 +109,44 @@ void tr_dot_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, float 
     const tr_vec_dot_fn dot = k->vec_dot[t];
     for (int64_t i = 0; i < n; i++)
         dot(n_el, &out[i], (const uint8_t *)rows + (size_t)idx[i] * row_bytes, a);
+}
+
+void tr_axpy_rows_ref(tr_type t, int64_t n_el, int64_t n, int nw, float *restrict out,
+                      size_t out_stride, const float *restrict w, size_t w_stride,
+                      const void *restrict rows, size_t row_bytes, const int32_t *restrict idx) {
+    const int64_t nb = n_el / TR_QK32;
+    float x[TR_QK32];
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)rows + (size_t)idx[i] * row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            if (t == TR_TYPE_Q8_0) {
+                const tr_blk_q8_0 *blk = (const tr_blk_q8_0 *)row + b;
+                const float d = tr_f16_to_f32(blk->d);
+                for (int j = 0; j < TR_QK32; j++) x[j] = d * (float)blk->qs[j];
+            } else {
+                const tr_blk_q4_0 *blk = (const tr_blk_q4_0 *)row + b;
+                const float d = tr_f16_to_f32(blk->d);
+                for (int j = 0; j < TR_QK32 / 2; j++) {
+                    x[j] = d * (float)((blk->qs[j] & 0x0F) - 8);
+                    x[j + TR_QK32 / 2] = d * (float)((blk->qs[j] >> 4) - 8);
+                }
+            }
+            for (int h = 0; h < nw; h++) {
+                const float wi = w[(size_t)h * w_stride + (size_t)i];
+                float *o = out + (size_t)h * out_stride + (size_t)b * TR_QK32;
+                for (int j = 0; j < TR_QK32; j++) o[j] += wi * x[j];
+            }
+        }
+    }
+}
+
+void tr_axpy_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, int nw,
+                  float *restrict out, size_t out_stride, const float *restrict w, size_t w_stride,
+                  const void *restrict rows, size_t row_bytes, const int32_t *restrict idx) {
+    if (k->axpy_rows[t])
+        k->axpy_rows[t](n_el, n, nw, out, out_stride, w, w_stride, rows, row_bytes, idx);
+    else
+        tr_axpy_rows_ref(t, n_el, n, nw, out, out_stride, w, w_stride, rows, row_bytes, idx);
 }
 
 const tr_kernels *tr_kernels_best(void) {

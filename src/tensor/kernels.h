@@ -36,6 +36,16 @@ typedef void (*tr_dot_rows_fn)(int64_t n_el, int64_t n, float *restrict out,
                                const void *restrict rows, size_t row_bytes,
                                const int32_t *restrict idx, const void *restrict a);
 
+/* out[h * out_stride + e] += sum over i < n of w[h * w_stride + i] * row_{idx[i]}[e], for h < nw
+ * and e < n_el: weighted sums of many Q4_0 / Q8_0 rows picked by index, nw weight vectors at
+ * once (the rows are decoded once for all of them). The KV cache's estimate of what the
+ * unselected tokens add to each query head's attention, from a low-precision copy of the values.
+ * NULL in a family: tr_axpy_rows_ref. */
+typedef void (*tr_axpy_rows_fn)(int64_t n_el, int64_t n, int nw, float *restrict out,
+                                size_t out_stride, const float *restrict w, size_t w_stride,
+                                const void *restrict rows, size_t row_bytes,
+                                const int32_t *restrict idx);
+
 typedef struct tr_kernels {
     const char *isa; /* "scalar", "avx2", "avx512" */
     tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
@@ -45,12 +55,22 @@ typedef struct tr_kernels {
     tr_vec_dot_side_fn vec_dot_side[TR_TYPE_COUNT];
     tr_act_side_fn act_side[TR_TYPE_COUNT]; /* activation formats Q8_0, Q8_1 */
     tr_dot_rows_fn dot_rows[TR_TYPE_COUNT];  /* optional: Q4_0, Q8_0 weight rows */
+    tr_axpy_rows_fn axpy_rows[TR_TYPE_COUNT]; /* optional: Q4_0, Q8_0 rows */
 } tr_kernels;
 
 /* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */
 void tr_dot_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, float *restrict out,
                  const void *restrict rows, size_t row_bytes, const int32_t *restrict idx,
                  const void *restrict a);
+
+/* the scalar reference of axpy_rows (Q4_0 and Q8_0 rows; n_el a multiple of 32) */
+void tr_axpy_rows_ref(tr_type t, int64_t n_el, int64_t n, int nw, float *restrict out,
+                      size_t out_stride, const float *restrict w, size_t w_stride,
+                      const void *restrict rows, size_t row_bytes, const int32_t *restrict idx);
+/* k->axpy_rows[t] where the family has one, else the reference */
+void tr_axpy_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, int nw,
+                  float *restrict out, size_t out_stride, const float *restrict w, size_t w_stride,
+                  const void *restrict rows, size_t row_bytes, const int32_t *restrict idx);
 
 /* the best family this CPU runs (lowered by TERRACE_ISA); initialised once, thread-safe */
 const tr_kernels *tr_kernels_best(void);

@@ -102,6 +102,10 @@ def main():
         expect("bad top-p", ["run", "-m", good, "-p", "x", "--top-p", "1.5"], 1, ["--top-p"])
         expect("bad thread count", ["run", "-m", good, "-p", "x", "-t", "0"], 2, ["-t"])
         expect("no model", ["run", "-p", "x"], 2, ["no model"])
+        expect("bad --kv-tail", ["run", "-m", good, "-p", "x", "--kv-tail", "3"], 2,
+               ["--kv-tail", "0, 4 or 8"])
+        expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
+                                            "--kv-tail", "4"], 1, ["--kv-tail 4", "tiered"])
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])
         expect("unknown command", ["frobnicate"], 2, ["unknown command"])
         expect("chat: no template", ["chat", "-m", good, "-p", "hi"], 1, ["--chat-template"])

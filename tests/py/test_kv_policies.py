@@ -77,6 +77,27 @@ def main():
                 if got is not None:
                     top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
                     print(f"  {label:18s} {pol:8s} alpha=0.2 hot   top-1 vs full {100 * top1:.1f}%")
+            # --kv-tail: nothing is left out at alpha 1 (the logits of full); at alpha 0.2 the
+            # unselected tokens' estimate brings the logits closer to full's than the selection
+            # alone
+            sel = ["--kv-policy", "tiered", "--kv-window", "16", "--kv-sink", "4"]
+            for where, extra in (("hot", []), ("cold", ["--kv-hot", "64K", "--kv-cold", cold])):
+                got, e = logits(path, toks, sel + ["--kv-alpha", "1", "--kv-tail", "4", *extra],
+                                os.path.join(tmp, "p.f32"))
+                check(got is not None, f"{label} tiered tail alpha=1 {where}: {e}")
+                if got is not None:
+                    d = float(np.abs(got - full).max())
+                    check(d <= TOL, f"{label} tiered tail alpha=1 {where}: max |dlogit| {d:.2e}")
+            plain, e = logits(path, toks, sel + ["--kv-alpha", "0.2"], os.path.join(tmp, "a.f32"))
+            tl, e2 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4"],
+                            os.path.join(tmp, "t.f32"))
+            check(plain is not None and tl is not None, f"{label} tiered tail alpha=0.2: {e} {e2}")
+            if plain is not None and tl is not None:
+                dp, dt = float(np.abs(plain - full).mean()), float(np.abs(tl - full).mean())
+                check(dt < 0.7 * dp, f"{label} tiered alpha=0.2: mean |dlogit| vs full {dt:.3e} "
+                                     f"with --kv-tail 4, {dp:.3e} without")
+                print(f"  {label:18s} tiered alpha=0.2: mean |dlogit| vs full {dp:.2e}, "
+                      f"{dt:.2e} with --kv-tail 4")
             # placement (BKP) and the storage agent never change what tiered computes: the same
             # logits, bit for bit, as host scoring with static placement (the same beta split)
             sel = ["--kv-policy", "tiered", "--kv-alpha", "0.2", "--kv-window", "16", "--kv-sink",
