@@ -122,15 +122,13 @@ bkp_rows() { # placement off / naive / on, with the agent, and on the host too u
     done
 }
 ONLY=${AGENT_ONLY:-}
-tail_rows() { # ctx: tiered adding the unselected tokens' estimate from a 4-bit value copy
+main_rows() { # ctx: offload, tiered, and tiered adding the unselected tokens' estimate
+    run offload offload "$1" 1
+    run tiered tiered "$1" 1
     run "tiered + tail 4" tiered "$1" 1 --tail 4
 }
 if [ -n "${TAIL_ONLY:-}" ]; then
-    for ctx in $CTXS; do
-        run offload offload "$ctx" 1
-        run tiered tiered "$ctx" 1
-        tail_rows "$ctx"
-    done
+    for ctx in $CTXS; do main_rows "$ctx"; done
     rmdir "$CG" 2>/dev/null || true
 elif [ -n "${SUPP_ONLY:-}" ]; then
     for ctx in $CTXS; do run "tiered, keys pulled from storage" tiered "$ctx" 1 --pull-keys; done
@@ -144,11 +142,7 @@ elif [ -n "${AGENT_ROWS_ONLY:-}" ]; then
     rmdir "$CG" 2>/dev/null || true
 else
 if [ -z "$ONLY" ]; then
-for ctx in $CTXS; do
-    run offload offload "$ctx" 1
-    run tiered tiered "$ctx" 1
-    tail_rows "$ctx"
-done
+for ctx in $CTXS; do main_rows "$ctx"; done
 fi
 if [ "${AGENT:-1}" = 1 ]; then
     for ctx in $CTXS; do
@@ -260,14 +254,15 @@ if tl:
     L.append("With the tail estimate (`--tail 4`: tiered as above, and each head's output completed "
              "with the unselected tokens' share, weighted from their scores, over a 4-bit copy of "
              "the values in DRAM), against the offload and tiered rows measured next to it:\n")
-    L.append("| ctx | batch | step ms | vs offload | vs tiered | bytes / offload | DRAM plan GiB (tiered) |")
-    L.append("|---|---|---|---|---|---|---|")
+    L.append("| ctx | batch | step ms | vs offload | vs tiered | tiered vs offload, same run | bytes / offload | DRAM plan GiB (tiered) |")
+    L.append("|---|---|---|---|---|---|---|---|")
     for d in tl:
         key = (d["ctx"], d["batch"])
         o, t = by_last.get(("offload",) + key), by_last.get(("tiered",) + key)
         if not o or not t: continue
         L.append(f"| {d['ctx']} | {d['batch']} | {d['step_ms']:.0f} | {o['step_ms'] / d['step_ms']:.2f}x | "
-                 f"{t['step_ms'] / d['step_ms']:.2f}x | {100 * d['bytes_read'] / o['bytes_read']:.1f}% | "
+                 f"{t['step_ms'] / d['step_ms']:.2f}x | {o['step_ms'] / t['step_ms']:.2f}x | "
+                 f"{100 * d['bytes_read'] / o['bytes_read']:.1f}% | "
                  f"{g(d['dram_bytes']):.2f} ({g(t['dram_bytes']):.2f}) |")
     L.append("")
 ag = [d for d in rows if "step_ms" in d and (d.get("csd") or d.get("bkp", "off") != "off"

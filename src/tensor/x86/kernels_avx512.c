@@ -388,9 +388,9 @@ static void zmm_dot_rows_q4_0(int64_t n_el, int64_t n, float *restrict out,
 /* axpy_rows (kernels.h). Rows are taken 64 at a time (they stay in L1); for each block of 32
  * elements, the accumulators of every weight vector (2 registers each, up to 8 vectors at a time)
  * stay in registers across those rows, so a row-block costs its decode plus 2 FMAs per vector,
- * with no stores in between (accumulating in memory made every row wait for the previous one's
- * store: measured 1.1 s against ... s per 7B-like decode step at 32K). With at most 4 vectors,
- * even and odd rows use separate accumulators to hide the FMA latency. */
+ * with no stores in between: accumulating in memory makes every row wait for the previous one's
+ * store (perf: the FMAs on stack slots took most of the time). With at most 4 vectors, even and
+ * odd rows use separate accumulators to hide the FMA latency. */
 #define AXPY_ROWS_TILE 64
 
 TR_ALWAYS_INLINE void axpy_decode(tr_type t, const uint8_t *blk, __m512 *x0, __m512 *x1, float *d) {
@@ -411,8 +411,58 @@ TR_ALWAYS_INLINE void axpy_decode(tr_type t, const uint8_t *blk, __m512 *x0, __m
     }
 }
 
-TR_ALWAYS_INLINE void zmm_axpy_rows(tr_type t, int64_t n_el, int64_t n, int nw, float *restrict out,
-                                    size_t out_stride, const float *restrict w, size_t w_stride,
+/* one tile of rows and one block for m (1..8, a constant after inlining) weight vectors: with m
+ * known the accumulators are registers (a runtime m left them on the stack) */
+TR_ALWAYS_INLINE void axpy_tile(tr_type t, int m, int64_t i0, int64_t i1, int64_t b,
+                                float *restrict out, size_t out_stride, const float *restrict w,
+                                size_t w_stride, const uint8_t *base, size_t row_bytes, size_t bb,
+                                const int32_t *restrict idx) {
+    __m512 acc[16], acc2[8];
+    for (int h = 0; h < m; h++) {
+        acc[2 * h] = acc[2 * h + 1] = _mm512_setzero_ps();
+        if (h < 4) acc2[2 * h] = acc2[2 * h + 1] = _mm512_setzero_ps();
+    }
+    int64_t i = i0;
+    if (m <= 4)
+        for (; i + 1 < i1; i += 2) {
+            __m512 x0, x1, y0, y1;
+            float d, e;
+            axpy_decode(t, base + (size_t)idx[i] * row_bytes + (size_t)b * bb, &x0, &x1, &d);
+            axpy_decode(t, base + (size_t)idx[i + 1] * row_bytes + (size_t)b * bb, &y0, &y1, &e);
+            for (int h = 0; h < m; h++) {
+                const float *wh = w + (size_t)h * w_stride;
+                const __m512 s = _mm512_set1_ps(wh[i] * d), u = _mm512_set1_ps(wh[i + 1] * e);
+                acc[2 * h] = _mm512_fmadd_ps(s, x0, acc[2 * h]);
+                acc[2 * h + 1] = _mm512_fmadd_ps(s, x1, acc[2 * h + 1]);
+                acc2[2 * h] = _mm512_fmadd_ps(u, y0, acc2[2 * h]);
+                acc2[2 * h + 1] = _mm512_fmadd_ps(u, y1, acc2[2 * h + 1]);
+            }
+        }
+    for (; i < i1; i++) {
+        __m512 x0, x1;
+        float d;
+        axpy_decode(t, base + (size_t)idx[i] * row_bytes + (size_t)b * bb, &x0, &x1, &d);
+        for (int h = 0; h < m; h++) {
+            const __m512 s = _mm512_set1_ps(w[(size_t)h * w_stride + i] * d);
+            acc[2 * h] = _mm512_fmadd_ps(s, x0, acc[2 * h]);
+            acc[2 * h + 1] = _mm512_fmadd_ps(s, x1, acc[2 * h + 1]);
+        }
+    }
+    for (int h = 0; h < m; h++) {
+        float *o = out + (size_t)h * out_stride + (size_t)b * TR_QK32;
+        __m512 a0 = acc[2 * h], a1 = acc[2 * h + 1];
+        if (m <= 4) {
+            a0 = _mm512_add_ps(a0, acc2[2 * h]);
+            a1 = _mm512_add_ps(a1, acc2[2 * h + 1]);
+        }
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), a0));
+        _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), a1));
+    }
+}
+
+TR_ALWAYS_INLINE void zmm_axpy_rows(tr_type t, int64_t n_el, int64_t n, int nw,
+                                    float *restrict out, size_t out_stride,
+                                    const float *restrict w, size_t w_stride,
                                     const void *restrict rows, size_t row_bytes,
                                     const int32_t *restrict idx) {
     const int64_t nb = n_el / TR_QK32;
@@ -420,55 +470,27 @@ TR_ALWAYS_INLINE void zmm_axpy_rows(tr_type t, int64_t n_el, int64_t n, int nw, 
     const uint8_t *base = rows;
     for (int h0 = 0; h0 < nw; h0 += 8) {
         const int m = nw - h0 < 8 ? nw - h0 : 8;
+        float *o = out + (size_t)h0 * out_stride;
+        const float *wh = w + (size_t)h0 * w_stride;
         for (int64_t i0 = 0; i0 < n; i0 += AXPY_ROWS_TILE) {
             const int64_t i1 = i0 + AXPY_ROWS_TILE < n ? i0 + AXPY_ROWS_TILE : n;
             for (int64_t b = 0; b < nb; b++) {
-                __m512 acc[16], acc2[8];
-                for (int h = 0; h < m; h++) {
-                    acc[2 * h] = _mm512_setzero_ps();
-                    acc[2 * h + 1] = _mm512_setzero_ps();
-                    if (h < 4) acc2[2 * h] = acc2[2 * h + 1] = _mm512_setzero_ps();
+#define TILE(M)                                                                                    \
+    case M:                                                                                        \
+        axpy_tile(t, M, i0, i1, b, o, out_stride, wh, w_stride, base, row_bytes, bb, idx);        \
+        break;
+                switch (m) {
+                    TILE(1)
+                    TILE(2)
+                    TILE(3)
+                    TILE(4)
+                    TILE(5)
+                    TILE(6)
+                    TILE(7)
+                    default: axpy_tile(t, 8, i0, i1, b, o, out_stride, wh, w_stride, base,
+                                       row_bytes, bb, idx);
                 }
-                int64_t i = i0;
-                if (m <= 4)
-                    for (; i + 1 < i1; i += 2) {
-                        __m512 x0, x1, y0, y1;
-                        float d, e;
-                        axpy_decode(t, base + (size_t)idx[i] * row_bytes + (size_t)b * bb, &x0, &x1,
-                                    &d);
-                        axpy_decode(t, base + (size_t)idx[i + 1] * row_bytes + (size_t)b * bb, &y0,
-                                    &y1, &e);
-                        for (int h = 0; h < m; h++) {
-                            const float *wh = w + (size_t)(h0 + h) * w_stride;
-                            const __m512 s = _mm512_set1_ps(wh[i] * d);
-                            const __m512 u = _mm512_set1_ps(wh[i + 1] * e);
-                            acc[2 * h] = _mm512_fmadd_ps(s, x0, acc[2 * h]);
-                            acc[2 * h + 1] = _mm512_fmadd_ps(s, x1, acc[2 * h + 1]);
-                            acc2[2 * h] = _mm512_fmadd_ps(u, y0, acc2[2 * h]);
-                            acc2[2 * h + 1] = _mm512_fmadd_ps(u, y1, acc2[2 * h + 1]);
-                        }
-                    }
-                for (; i < i1; i++) {
-                    __m512 x0, x1;
-                    float d;
-                    axpy_decode(t, base + (size_t)idx[i] * row_bytes + (size_t)b * bb, &x0, &x1,
-                                &d);
-                    for (int h = 0; h < m; h++) {
-                        const __m512 s = _mm512_set1_ps(w[(size_t)(h0 + h) * w_stride + i] * d);
-                        acc[2 * h] = _mm512_fmadd_ps(s, x0, acc[2 * h]);
-                        acc[2 * h + 1] = _mm512_fmadd_ps(s, x1, acc[2 * h + 1]);
-                    }
-                }
-                for (int h = 0; h < m; h++) {
-                    float *o = out + (size_t)(h0 + h) * out_stride + (size_t)b * TR_QK32;
-                    __m512 a0 = acc[2 * h], a1 = acc[2 * h + 1];
-                    if (m <= 4) {
-                        a0 = _mm512_add_ps(a0, acc2[2 * h]);
-                        a1 = _mm512_add_ps(a1, acc2[2 * h + 1]);
-                    }
-                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), a0));
-                    _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), a1));
-                }
+#undef TILE
             }
         }
     }
