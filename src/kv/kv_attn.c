@@ -407,6 +407,9 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                              nT, NULL, false, false, err);
             for (int32_t r = 0; r < nr; r++) selected += (uint64_t)(kv->vhi[r] - kv->vlo[r]);
         }
+    } else if (kv->vrow && sinks) {
+        st = tr_fail(err, TR_E_ARG, "--kv-tail: this model's attention has sinks, which the "
+                                    "estimate does not handle; use --kv-tail 0");
     } else {
         /* each row is one decode step: its own selection; h2o evicts after each */
         for (int32_t r = 0; r < rows && !st; r++) {
@@ -428,15 +431,7 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                              out + (size_t)r * out_stride, out_stride, T, nT,
                              nT > n ? kv->skip : NULL, pol == TR_KV_H2O, L->moved != NULL, err);
             if (st) break;
-            if (kv->tail_row) {
-                if (sinks) {
-                    st = tr_fail(err, TR_E_ARG,
-                                 "--kv-tail: this model's attention has sinks, "
-                                 "which the estimate does not handle; use --kv-tail 0");
-                    break;
-                }
-                add_tail(kv, out + (size_t)r * out_stride);
-            }
+            if (kv->tail_row) add_tail(kv, out + (size_t)r * out_stride);
             selected += (uint64_t)n;
             if (pol == TR_KV_H2O) {
                 h2o_accumulate(kv, L, T);
