@@ -178,7 +178,7 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     /* tail: low-precision value copy, same block formats */
     o->hdv_pad = (int32_t)round_up((uint64_t)s->head_dim_v, 32);
     o->vtype = p->tail_bits == 4 ? TR_TYPE_Q4_0 : TR_TYPE_Q8_0;
-    o->vrow = p->tail_bits ? (size_t)(o->hdv_pad / 32) * (p->tail_bits == 4 ? 18 : 34) : 0;
+    o->vrow = p->tail_bits ? tr_type_row_bytes(o->vtype, o->hdv_pad) : 0;
     const bool tiered = p->policy == TR_KV_TIERED, quest = p->policy == TR_KV_QUEST,
                h2o = p->policy == TR_KV_H2O;
 

@@ -41,6 +41,14 @@ static void quant_q4_0(const float *x, void *vy, int64_t n) {
     }
 }
 
+/* a row of n floats into the key or value copy's block format (Q4_0 or Q8_0) */
+static void quant_copy_row(const tr_kv *kv, tr_type t, const float *x, void *dst, int64_t n) {
+    if (t == TR_TYPE_Q4_0)
+        quant_q4_0(x, dst, n);
+    else
+        kv->kern->from_float[TR_TYPE_Q8_0](x, dst, n);
+}
+
 static uint8_t *qk_row(const tr_kv *kv, const tr_kv_layer *L, size_t g, int32_t pos) {
     return L->qk + (g * (size_t)kv->shape.n_ctx + (size_t)pos) * kv->qrow;
 }
@@ -53,11 +61,7 @@ void tr_kv_quant_key(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec)
         const float *eq = L->eq + (size_t)g * pad;
         for (int32_t c = 0; c < hdk; c++) tmp[c] = tr_kv_f16[K[(size_t)g * hdk + c]] / eq[c];
         for (int32_t c = hdk; c < pad; c++) tmp[c] = 0.0f;
-        uint8_t *dst = qk_row(kv, L, (size_t)g, pos);
-        if (kv->qtype == TR_TYPE_Q4_0)
-            quant_q4_0(tmp, dst, pad);
-        else
-            kv->kern->from_float[TR_TYPE_Q8_0](tmp, dst, pad);
+        quant_copy_row(kv, kv->qtype, tmp, qk_row(kv, L, (size_t)g, pos), pad);
     }
 }
 
@@ -68,11 +72,8 @@ void tr_kv_quant_value(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *re
     for (int32_t g = 0; g < kv->shape.n_head_kv; g++) {
         for (int32_t c = 0; c < hdv; c++) tmp[c] = tr_kv_f16[V[(size_t)g * hdv + c]];
         for (int32_t c = hdv; c < pad; c++) tmp[c] = 0.0f;
-        uint8_t *dst = L->qv + (g * (size_t)kv->shape.n_ctx + (size_t)pos) * kv->vrow;
-        if (kv->vtype == TR_TYPE_Q4_0)
-            quant_q4_0(tmp, dst, pad);
-        else
-            kv->kern->from_float[TR_TYPE_Q8_0](tmp, dst, pad);
+        quant_copy_row(kv, kv->vtype, tmp,
+                       L->qv + (g * (size_t)kv->shape.n_ctx + (size_t)pos) * kv->vrow, pad);
     }
 }
 

@@ -6,6 +6,7 @@
 #include "tensor/blocks.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
+#include "tensor/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -119,18 +120,10 @@ void tr_axpy_rows_ref(tr_type t, int64_t n_el, int64_t n, int nw, float *restric
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *row = (const uint8_t *)rows + (size_t)idx[i] * row_bytes;
         for (int64_t b = 0; b < nb; b++) {
-            if (t == TR_TYPE_Q8_0) {
-                const tr_blk_q8_0 *blk = (const tr_blk_q8_0 *)row + b;
-                const float d = tr_f16_to_f32(blk->d);
-                for (int j = 0; j < TR_QK32; j++) x[j] = d * (float)blk->qs[j];
-            } else {
-                const tr_blk_q4_0 *blk = (const tr_blk_q4_0 *)row + b;
-                const float d = tr_f16_to_f32(blk->d);
-                for (int j = 0; j < TR_QK32 / 2; j++) {
-                    x[j] = d * (float)((blk->qs[j] & 0x0F) - 8);
-                    x[j + TR_QK32 / 2] = d * (float)((blk->qs[j] >> 4) - 8);
-                }
-            }
+            if (t == TR_TYPE_Q8_0)
+                tr_dequant_q8_0((const tr_blk_q8_0 *)row + b, x, TR_QK32);
+            else
+                tr_dequant_q4_0((const tr_blk_q4_0 *)row + b, x, TR_QK32);
             for (int h = 0; h < nw; h++) {
                 const float wi = w[(size_t)h * w_stride + (size_t)i];
                 float *o = out + (size_t)h * out_stride + (size_t)b * TR_QK32;
