@@ -268,6 +268,7 @@ int main(int argc, char **argv) {
     int pipe = 0; /* 0: the cache's default */
     bool pull_keys = false;
     int tail = 0;
+    double tail_min = -1.0; /* < 0: the cache's default */
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
@@ -277,7 +278,7 @@ int main(int argc, char **argv) {
         {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
         {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'}, {"tail", 1, 0, 'T'},
-        {0, 0, 0, 0}};
+        {"tail-min", 1, 0, 'M'},   {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'c': cold = optarg; break;
@@ -300,6 +301,7 @@ int main(int argc, char **argv) {
         case 'E': beta = atof(optarg); break;
         case 'W': pipe = atoi(optarg); break;
         case 'T': tail = atoi(optarg); break;
+        case 'M': tail_min = atof(optarg); break;
         case 'U': pull_keys = true; break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
@@ -326,6 +328,7 @@ int main(int argc, char **argv) {
     p.alpha = (float)alpha;
     p.score_bits = bits;
     p.tail_bits = tail;
+    if (tail_min >= 0.0) p.tail_min = (float)tail_min;
     p.hot_bytes = (uint64_t)(hot_frac * (double)ctx) * NL * rec;
     p.cold_dir = cold ? cold : "/tmp";
     p.n_threads = threads;
@@ -410,7 +413,7 @@ int main(int argc, char **argv) {
                "\"read_ops\": %.0f, \"selected\": %.0f, \"score_ms\": %.1f, \"attn_ms\": %.1f, "
                "\"io_wait_ms\": %.1f, \"hot_used\": %llu, \"cold_used\": %llu, \"read_gap\": %d, "
                "\"pipe\": %d, \"pull_keys\": %s, \"tail\": %d, "
-               "\"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
+               "\"tail_min\": %g, \"tail_kept\": %.4f, \"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
                "\"rho\": %.3f, \"runs_per_token\": %.3f, \"bkp\": \"%s\", \"csd\": %s, "
                "\"csd_gbps\": %g, \"csd_gflops\": %g, \"csd_link_gbps\": %g, "
                "\"csd_score_bytes\": %.0f, \"csd_row_bytes\": %.0f, \"csd_storage_bytes\": %.0f, "
@@ -425,6 +428,7 @@ int main(int argc, char **argv) {
                r.attn_ms, r.io_ms, (unsigned long long)fin.hot_bytes * batch,
                (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap, kv[0]->pipe,
                pull_keys ? "true" : "false", tail,
+               (double)p.tail_min, fin.tail_cand ? (double)fin.tail_kept / (double)fin.tail_cand : 0.0,
                p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
                (double)g_smooth, (double)g_rho,
                r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0,

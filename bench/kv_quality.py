@@ -35,8 +35,9 @@ KEYS = [a for a in sys.argv[1:] if not a.startswith("--") and a != RESUME and
 
 ALPHAS = [0.05, 0.1, 0.2]
 # tiered+tail: tiered with --kv-tail 4 (the unselected tokens' estimated share of each head's
-# attention, from a 4-bit value copy)
-POLICIES = ["tiered", "tiered+tail", "h2o", "quest"]
+# attention, from a 4-bit value copy; the tokens above the uniform share, the default
+# --kv-tail-min 1); tiered+tail-all: the same summing every unselected token (--kv-tail-min 0)
+POLICIES = ["tiered", "tiered+tail", "tiered+tail-all", "h2o", "quest"]
 # The models' contexts and what is practical on 2 cores (attention cost grows with the square of
 # the context): perplexity at 4K over two chunks with every configuration, and at the longest
 # practical context over one chunk with the reduced set; passkey with the reduced set.
@@ -53,7 +54,8 @@ if QUICK:
         m["passkey"] = m["passkey"][:1]
 # the reduced set for the expensive measurements: tiered at every alpha, the baselines at 0.1
 REDUCED = [("full", 1.0), ("tiered", 0.05), ("tiered", 0.1), ("tiered", 0.2),
-           ("tiered+tail", 0.05), ("tiered+tail", 0.1), ("tiered+tail", 0.2), ("h2o", 0.1),
+           ("tiered+tail", 0.05), ("tiered+tail", 0.1), ("tiered+tail", 0.2),
+           ("tiered+tail-all", 0.05), ("tiered+tail-all", 0.1), ("tiered+tail-all", 0.2), ("h2o", 0.1),
            ("quest", 0.1)]
 
 
@@ -80,8 +82,9 @@ def kjv():
 def kv_flags(policy, alpha):
     if policy == "full":
         return []
-    if policy == "tiered+tail":
-        return ["--kv-policy", "tiered", "--kv-alpha", str(alpha), "--kv-tail", "4"]
+    if policy in ("tiered+tail", "tiered+tail-all"):
+        return ["--kv-policy", "tiered", "--kv-alpha", str(alpha), "--kv-tail", "4"] + \
+            (["--kv-tail-min", "0"] if policy == "tiered+tail-all" else [])
     return ["--kv-policy", policy, "--kv-alpha", str(alpha)]
 
 
@@ -267,7 +270,9 @@ def write_report(results):
              "correct if the 8-token greedy answer contains it (tiered at each alpha, the baselines at "
              "0.1, and full). tiered+tail: tiered with `--kv-tail 4`, each head's output completed "
              "with the unselected tokens' share of its attention, weighted from their scores, over a "
-             "4-bit copy of the values (DRAM).", ""]
+             "4-bit copy of the values (DRAM), for the tokens whose share of a head is at least the "
+             "uniform one (the default `--kv-tail-min 1`); tiered+tail-all: every unselected token "
+             "(`--kv-tail-min 0`).", ""]
     for key, res in results.items():
         lines += [f"## {res['name']}", "",
                   f"Run {res.get('date', '?')}, {res.get('minutes', '?')} min"
@@ -282,7 +287,7 @@ def write_report(results):
             lines += [""]
             lines.append(f"Rows of {', '.join(ad['policies'])} added {ad['date']} by a run with "
                          f"`--only` ({ad.get('minutes', '?')} min, that day's build; full's figures "
-                         "from the run above).")
+                         f"from the run above){'; ' + ad['note'] if ad.get('note') else ''}.")
         lines.append("")
         ctxs = list(res["ppl"])
         head = "| policy | alpha | " + " | ".join(f"PPL c={c}" for c in ctxs) + \

@@ -293,6 +293,8 @@ typedef struct tr_session_params {
     int32_t kv_sink;       /* first tokens always attended; < 0: 4 */
     int32_t kv_window;     /* recent tokens always attended; < 0: 64 */
     int kv_score_bits;     /* 8 or 4 (tiered scoring copy); 0: 8 */
+    float kv_tail_min;     /* with kv_tail_bits: an unselected token is summed when its share of
+                              a head reaches this many times the uniform share; < 0: 1 */
     int kv_tail_bits;      /* tiered: 8 or 4 adds the unselected tokens' estimated share of the
                               attention from a value copy of that precision; 0: off */
     uint64_t kv_hot_bytes; /* hot pool budget; 0: every token hot */
@@ -333,6 +335,8 @@ typedef struct tr_session_kv_stats {
     /* --kv-tail: mean share of each head's attention left to the estimate (over the rows
      * completed so far; 0 without) */
     double tail_share;
+    /* --kv-tail: fraction of the unselected (token, KV head) pairs summed (see kv_tail_min) */
+    double tail_kept;
 } tr_session_kv_stats;
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 

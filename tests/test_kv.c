@@ -1531,11 +1531,14 @@ static void test_tail(void) {
         const shp *s = &SHAPES[si];
         data d;
         data_make(&d, s->nl, s->nctx, s->nkv, s->hdk, s->hdv, 91 + si, false);
-        double e[3][2], ref = 0.0;
+        /* [selection alone, tail 8, tail 4, tail 4 at the default tail_min (1), tail 8 with
+         * a threshold no token reaches][hot, cold] */
+        double e[5][2], ref = 0.0, kept[2] = {0};
         for (int cold = 0; cold < 2; cold++)
-            for (int b = 0; b < 3; b++) {
+            for (int b = 0; b < 5; b++) {
                 tr_kv_params p = params(TR_KV_TIERED, 0.1f);
-                p.tail_bits = b == 0 ? 0 : b == 1 ? 8 : 4;
+                p.tail_bits = b == 0 ? 0 : b == 1 || b == 4 ? 8 : 4;
+                p.tail_min = b == 3 ? 1.0f : b == 4 ? 1e6f : 0.0f;
                 if (cold) {
                     p.cold_dir = g_tmp;
                     p.hot_bytes = hot_min(s, &p);
@@ -1544,6 +1547,11 @@ static void test_tail(void) {
                 e[b][cold] = kv && fill(kv, &d, 0, s->nctx)
                                  ? rms_vs_ref(kv, &d, s, s->nctx - 40, s->nctx, &ref)
                                  : 1e9;
+                tr_kv_stats st;
+                if (kv && b == 3) {
+                    tr_kv_get_stats(kv, &st);
+                    kept[cold] = st.tail_cand ? (double)st.tail_kept / (double)st.tail_cand : -1.0;
+                }
                 tr_kv_free(kv);
             }
         for (int cold = 0; cold < 2; cold++) {
@@ -1551,9 +1559,20 @@ static void test_tail(void) {
                      "tail %s %s: RMS error vs full %.3g (tail 8) / %.3g (tail 4), selection "
                      "alone %.3g",
                      s->name, cold ? "cold" : "hot", e[1][cold], e[2][cold], e[0][cold]);
+            /* the default threshold sums a part of the unselected tokens and keeps most of the
+             * gain; a threshold nobody reaches is the selection alone, bit for bit */
+            TU_CHECK(kept[cold] > 0.0 && kept[cold] < 1.0 && e[3][cold] < 0.8 * e[0][cold],
+                     "tail %s %s at tail_min 1: %.1f %% summed, RMS %.3g (all summed %.3g, none "
+                     "%.3g)",
+                     s->name, cold ? "cold" : "hot", 100.0 * kept[cold], e[3][cold], e[2][cold],
+                     e[0][cold]);
+            TU_CHECK(e[4][cold] == e[0][cold], "tail %s %s, threshold 1e6: RMS %.6g, not %.6g",
+                     s->name, cold ? "cold" : "hot", e[4][cold], e[0][cold]);
             printf("tail %s %s, alpha 0.1: RMS error vs full %.4f selection alone, %.4f tail 8, "
-                   "%.4f tail 4 (output RMS %.3f)\n",
-                   s->name, cold ? "cold" : "hot", e[0][cold], e[1][cold], e[2][cold], ref);
+                   "%.4f tail 4; %.4f tail 4 at tail_min 1 (%.1f %% of the unselected summed) "
+                   "(output RMS %.3f)\n",
+                   s->name, cold ? "cold" : "hot", e[0][cold], e[1][cold], e[2][cold], e[3][cold],
+                   100.0 * kept[cold], ref);
         }
         /* alpha 1: nothing left out */
         tr_kv_params p = params(TR_KV_TIERED, 1.0f);
@@ -1574,6 +1593,13 @@ static void test_tail(void) {
     p.tail_bits = 3;
     TU_CHECK(tr_kv_create(&sh, &p, &kv, &err) == TR_E_ARG && strstr(err.msg, "--kv-tail 3"),
              "tail 3: %s", err.msg);
+    p.tail_bits = 4;
+    p.tail_min = -0.5f;
+    TU_CHECK(tr_kv_create(&sh, &p, &kv, &err) == TR_E_ARG && strstr(err.msg, "--kv-tail-min"),
+             "tail_min -0.5: %s", err.msg);
+    p.tail_min = NAN;
+    TU_CHECK(tr_kv_create(&sh, &p, &kv, &err) == TR_E_ARG && strstr(err.msg, "--kv-tail-min"),
+             "tail_min NaN: %s", err.msg);
     p = params(TR_KV_QUEST, 0.1f);
     p.tail_bits = 8;
     TU_CHECK(tr_kv_create(&sh, &p, &kv, &err) == TR_E_ARG && strstr(err.msg, "tiered"),

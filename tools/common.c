@@ -16,7 +16,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CSD, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVAPPRATES, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_CSD, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVAPPRATES, F_CHUNKS,
 };
 
 typedef struct flag {
@@ -68,6 +68,7 @@ static const flag k_flags[] = {
     {"--kv-window", F_KVWINDOW, true, "N      KV: recent tokens always attended (default 64)"},
     {"--kv-score-bits", F_KVBITS, true, "B  KV: 8 or 4, precision of the scoring key copy"},
     {"--kv-tail", F_KVTAIL, true, "B  KV tiered: add the unselected tokens' estimated share from a B-bit value copy (4 or 8; 0 off, the default)"},
+    {"--kv-tail-min", F_KVTAILMIN, true, "F KV tail: sum an unselected token when its share of a head reaches F x the uniform share (default 1; 0: every one)"},
     {"--kv-hot", F_KVHOT, true, "SIZE      KV: hot pool (DRAM) budget (default: every token hot)"},
     {"--kv-cold", F_KVCOLD, true, "DIR      KV: cold pool directory on local storage"},
     {"--kv-keep", F_KVKEEP, false, "        KV: keep the cold pool's files"},
@@ -266,6 +267,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             }
             o->kv.kv_tail_bits = (int)n;
             break;
+        case F_KVTAILMIN: if (!parse_float(a, v, 0.0, 1e6, &o->kv.kv_tail_min)) return false; break;
         case F_KVHOT: {
             unsigned long long b = 0;
             if (!cli_parse_size(a, v, &b)) return false;

@@ -56,6 +56,7 @@ int cmd_logits(int argc, char **argv) {
         {"kv-sink", required_argument, NULL, 'S'},    {"kv-window", required_argument, NULL, 'W'},
         {"kv-score-bits", required_argument, NULL, 'B'},
         {"kv-tail", required_argument, NULL, 0x100 + 1},
+        {"kv-tail-min", required_argument, NULL, 0x100 + 2},
         {"kv-bkp", required_argument, NULL, 'O'},
         {"csd", no_argument, NULL, 'Q'},
         {"kv-beta", required_argument, NULL, 'J'},
@@ -101,6 +102,7 @@ int cmd_logits(int argc, char **argv) {
         case 'W': sp.kv_window = atoi(optarg); break;
         case 'B': sp.kv_score_bits = atoi(optarg); break;
         case 0x101: sp.kv_tail_bits = atoi(optarg); break;
+        case 0x102: sp.kv_tail_min = (float)atof(optarg); break;
         case 'O': sp.kv_bkp = optarg; break;
         case 'Q': sp.csd = true; break;
         case 'J': sp.kv_beta = (float)atof(optarg); break;

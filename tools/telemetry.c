@@ -121,7 +121,8 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                     "\"kv_demotions\": %llu, \"kv_pingpong\": %llu, \"kv_migrated_bytes\": %llu, "
                     "\"kv_hot_hit_rate\": %.5f, \"kv_agent_score_bytes\": %llu, "
                     "\"kv_agent_row_bytes\": %llu, \"kv_beta\": %.4f, \"kv_f_c\": %.0f, "
-                    "\"kv_f_s\": %.0f, \"kv_b_c\": %.0f, \"kv_b_s\": %.0f, \"kv_tail_share\": %.5f",
+                    "\"kv_f_s\": %.0f, \"kv_b_c\": %.0f, \"kv_b_s\": %.0f, \"kv_tail_share\": %.5f, "
+                    "\"kv_tail_kept\": %.5f",
                     kv.policy, (long long)kv.tokens, (unsigned long long)kv.hot_bytes,
                     (unsigned long long)kv.cold_bytes, (unsigned long long)kv.selected,
                     (unsigned long long)kv.bytes_read, kv.score_ms, kv.attn_ms,
@@ -131,7 +132,8 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                         ? (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold)
                         : 0.0,
                     (unsigned long long)kv.csd_score_bytes, (unsigned long long)kv.csd_row_bytes,
-                    kv.beta, kv.f_c, kv.f_s, kv.b_c, kv.b_s, kv.tail_share);
+                    kv.beta, kv.f_c, kv.f_s, kv.b_c, kv.b_s, kv.tail_share,
+                    kv.tail_kept);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
         fputs("}\n", t->f);

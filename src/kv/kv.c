@@ -36,6 +36,7 @@ tr_kv_params tr_kv_default_params(void) {
                           .n_sink = 4,
                           .n_window = 64,
                           .score_bits = 8,
+                          .tail_min = 1.0f,
                           .beta = -1.0f};
 }
 
@@ -107,6 +108,9 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (p->tail_bits && p->policy != TR_KV_TIERED)
         return tr_fail(err, TR_E_ARG, "--kv-tail %d needs --kv-policy tiered (policy %s)",
                        p->tail_bits, tr_kv_policy_name(p->policy));
+    if (!(p->tail_min >= 0.0f && p->tail_min <= 1e6f))
+        return tr_fail(err, TR_E_ARG, "--kv-tail-min %g: a share relative to the uniform one, 0 "
+                       "(sum every unselected token) to 1e6", (double)p->tail_min);
     if (p->tail_bits && p->csd)
         return tr_fail(err, TR_E_ARG,
                        "--kv-tail %d needs host scoring: the storage agent (--csd) "
@@ -214,7 +218,8 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;     /* masses, the row's scores per head */
     if (tiered) d += nh * n_ctx * 4 + nh * 8;         /* scores per head, their max and sum */
     if (p->tail_bits) /* value copy; per head: the estimate and its share */
-        d += L * nkv * n_ctx * o->vrow + nh * ((uint64_t)o->hdv_pad * 4 + 4);
+        d += L * nkv * n_ctx * o->vrow + nh * ((uint64_t)o->hdv_pad * 4 + 4) +
+             nkv * (n_ctx + 1) * 4; /* positions summed per KV head */
     d += n_ctx * (4 + 4 + 4 + 1 + 1) + (uint64_t)o->n_pages * 4; /* selection scratch */
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
     d += (uint64_t)o->n_scratch * (ws * 6 + (uint64_t)s->head_dim_k * 2);
@@ -309,6 +314,8 @@ void tr_kv_free(tr_kv *kv) {
     free(kv->hz);
     free(kv->tail_o);
     free(kv->tail_e);
+    free(kv->tail_idx);
+    free(kv->tail_n);
     free(kv->vlo);
     free(kv->vhi);
     free(kv->skip);
@@ -410,6 +417,8 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         ALLOC(qv, NL * nkv * n_ctx * pl.vrow, 64);
         ALLOC(kv->tail_o, nh * (size_t)pl.hdv_pad * 4, 64);
         ALLOC(kv->tail_e, nh * 4, 0);
+        ALLOC(kv->tail_idx, (size_t)nkv * n_ctx * 4, 0);
+        ALLOC(kv->tail_n, (size_t)nkv * 4, 0);
     }
     if (pol == TR_KV_QUEST) {
         ALLOC(pmin, NL * nkv * (size_t)pl.n_pages * hdk * 2, 0);
@@ -669,6 +678,8 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->alpha_s = kv->app_as;
     o->tail_rows = kv->tail_rows;
     o->tail_share_sum = kv->tail_share_sum;
+    o->tail_cand = kv->tail_cand;
+    o->tail_kept = kv->tail_kept;
     tr_kv_csd_counters(kv, &o->csd_score_bytes, &o->csd_row_bytes, &o->csd_storage_bytes,
                        &o->csd_busy_ns, &o->csd_mem_bytes);
 }

@@ -83,6 +83,10 @@ typedef struct tr_kv_params {
                              the unselected tokens' share of each head's attention, estimated from
                              their scores and a low-precision copy of the values kept in DRAM
                              (host scoring only) */
+    float tail_min;       /* tail: an unselected token is summed when its share of one of the
+                             heads it serves is at least tail_min / (tokens scored); the others'
+                             share goes back to the attended tokens. Default 1 (the uniform
+                             share); 0 sums every unselected token */
     uint64_t hot_bytes;   /* hot pool budget; 0: everything hot (no cold pool needed) */
     const char *cold_dir; /* cold pool directory (needed when hot_bytes cannot hold n_ctx) */
     bool keep;            /* keep the cold files after free */
@@ -191,6 +195,7 @@ typedef struct tr_kv_stats {
     /* tail: rows completed with the estimate, and their summed share of attention left to it
      * (mean over query heads), cumulative */
     uint64_t tail_rows;
+    uint64_t tail_cand, tail_kept; /* unselected (token, KV head) pairs, and those summed */
     double tail_share_sum;
 } tr_kv_stats;
 void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);

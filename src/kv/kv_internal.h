@@ -135,6 +135,8 @@ struct tr_kv {
     int32_t hdv_pad;
     size_t vrow;
     float *tail_o, *tail_e;
+    int32_t *tail_idx, *tail_n; /* [n_kv][n_ctx]: the positions summed per KV head; their count */
+    uint64_t tail_cand, tail_kept; /* statistics: unselected (token, KV head) pairs, summed ones */
     bool tail_row;
     uint64_t tail_rows; /* statistics: rows completed, their summed mean share */
     double tail_share_sum;
@@ -354,6 +356,10 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
 void tr_kv_h2o_evict(tr_kv *kv, int32_t layer, int32_t pos);
 
 /* ceil(alpha * n), where alpha is a float: 0.4f * 25 is 10.0000001, which must be 10 */
+/* the larger of two scores or shares (never NaN): fmaxf is a libm call without
+ * -ffinite-math-only, and the per-token loops take most of their time in it */
+static inline float tr_kv_maxf(float a, float b) { return a > b ? a : b; }
+
 static inline int32_t tr_kv_count(float alpha, int32_t n) {
     return (int32_t)ceil((double)alpha * n - 1e-6 * n);
 }

@@ -13,7 +13,8 @@
 
 tr_session_params tr_session_default_params(void) {
     return (tr_session_params){
-        .n_ctx = 0, .n_batch = 0, .kv_sink = -1, .kv_window = -1, .kv_beta = -1.0f};
+        .n_ctx = 0, .n_batch = 0, .kv_sink = -1, .kv_window = -1, .kv_tail_min = -1.0f,
+        .kv_beta = -1.0f};
 }
 
 static uint64_t kv_bytes_of(const tr_model *m, int32_t n_ctx) {
@@ -40,6 +41,7 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     if (p->kv_window >= 0) kp.n_window = p->kv_window;
     if (p->kv_score_bits) kp.score_bits = p->kv_score_bits;
     kp.tail_bits = p->kv_tail_bits;
+    if (p->kv_tail_min >= 0.0f) kp.tail_min = p->kv_tail_min;
     kp.hot_bytes = p->kv_hot_bytes;
     kp.cold_dir = p->kv_cold_dir;
     kp.keep = p->kv_keep;
@@ -96,6 +98,7 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->b_c = st.b_c;
     out->b_s = st.b_s;
     out->tail_share = st.tail_rows ? st.tail_share_sum / (double)st.tail_rows : 0.0;
+    out->tail_kept = st.tail_cand ? (double)st.tail_kept / (double)st.tail_cand : 0.0;
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */

@@ -104,6 +104,8 @@ def main():
         expect("no model", ["run", "-p", "x"], 2, ["no model"])
         expect("bad --kv-tail", ["run", "-m", good, "-p", "x", "--kv-tail", "3"], 2,
                ["--kv-tail", "0, 4 or 8"])
+        expect("bad --kv-tail-min", ["run", "-m", good, "-p", "x", "--kv-tail-min", "-1"], 2,
+               ["--kv-tail-min"])
         expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
                                             "--kv-tail", "4"], 1, ["--kv-tail 4", "tiered"])
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])

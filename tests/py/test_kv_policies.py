@@ -88,16 +88,24 @@ def main():
                 if got is not None:
                     d = float(np.abs(got - full).max())
                     check(d <= TOL, f"{label} tiered tail alpha=1 {where}: max |dlogit| {d:.2e}")
+            # summing every unselected token (--kv-tail-min 0) and only those above the uniform
+            # share (the default)
             plain, e = logits(path, toks, sel + ["--kv-alpha", "0.2"], os.path.join(tmp, "a.f32"))
-            tl, e2 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4"],
-                            os.path.join(tmp, "t.f32"))
-            check(plain is not None and tl is not None, f"{label} tiered tail alpha=0.2: {e} {e2}")
-            if plain is not None and tl is not None:
+            tl, e2 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4",
+                                               "--kv-tail-min", "0"], os.path.join(tmp, "t.f32"))
+            td, e3 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4"],
+                            os.path.join(tmp, "d.f32"))
+            check(plain is not None and tl is not None and td is not None,
+                  f"{label} tiered tail alpha=0.2: {e} {e2} {e3}")
+            if plain is not None and tl is not None and td is not None:
                 dp, dt = float(np.abs(plain - full).mean()), float(np.abs(tl - full).mean())
+                dd = float(np.abs(td - full).mean())
                 check(dt < 0.7 * dp, f"{label} tiered alpha=0.2: mean |dlogit| vs full {dt:.3e} "
+                                     f"with --kv-tail 4 --kv-tail-min 0, {dp:.3e} without")
+                check(dd < 0.9 * dp, f"{label} tiered alpha=0.2: mean |dlogit| vs full {dd:.3e} "
                                      f"with --kv-tail 4, {dp:.3e} without")
                 print(f"  {label:18s} tiered alpha=0.2: mean |dlogit| vs full {dp:.2e}, "
-                      f"{dt:.2e} with --kv-tail 4")
+                      f"{dt:.2e} with --kv-tail 4 --kv-tail-min 0, {dd:.2e} with --kv-tail 4")
             # placement (BKP) and the storage agent never change what tiered computes: the same
             # logits, bit for bit, as host scoring with static placement (the same beta split)
             sel = ["--kv-policy", "tiered", "--kv-alpha", "0.2", "--kv-window", "16", "--kv-sink",
