@@ -310,6 +310,9 @@ typedef struct tr_session_params {
     bool csd;
     int32_t csd_chunk;
     double csd_gbps, csd_gflops, csd_link_gbps;
+    /* with csd: connect to a running `terrace-storaged --listen SOCKET` (a disk shared by several
+     * sessions) instead of starting the agent; NULL: start it */
+    const char *csd_socket;
     /* APP: host-scored / agent-scored tokens among those on storage; < 0 (the default): chosen
      * every step from the measured rates */
     float kv_beta;

@@ -11,8 +11,12 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <limits.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/pool.h"
@@ -1818,6 +1822,167 @@ out:
     data_free(&d);
 }
 
+/* a user-started agent (terrace-storaged --listen) next to the test binary's build directory;
+ * 0 if it did not come up */
+static pid_t start_listener(const char *sock) {
+    char exe[PATH_MAX], bin[PATH_MAX + 32];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return 0;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(bin, sizeof bin, "%s/../terrace-storaged", exe);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        execl(bin, bin, "--listen", sock, (char *)NULL);
+        _exit(127);
+    }
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", sock);
+    for (int i = 0; i < 500; i++) { /* up to 5 s */
+        const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        const bool up = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        if (fd >= 0) close(fd); /* a connection that sends nothing: the agent drops it */
+        if (up) return pid;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return 0;
+}
+
+/* the agent started by the user for a shared disk: two sessions served at once by one listener,
+ * each bit-identical to host scoring; one session's agent process killed fails that session
+ * alone, within a second; a connection with garbage is dropped without harm; a missing socket is
+ * a named error */
+static void test_csd_listen(void) {
+    const shp s = {"GQA", 2, 320, 8, 2, 64, 64};
+    enum { N0 = 160, NK = 3 };
+    char sock[PATH_MAX];
+    snprintf(sock, sizeof sock, "%s/agent.sock", g_tmp);
+    const pid_t lpid = start_listener(sock);
+    TU_CHECK(lpid > 0, "terrace-storaged --listen %s did not come up", sock);
+    if (lpid <= 0) return;
+    { /* garbage on a connection: dropped, the listener goes on */
+        const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        snprintf(a.sun_path, sizeof a.sun_path, "%.100s", sock);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            write(fd, "not a hello, not at all", 24) < 0)
+            perror("write");
+        if (fd >= 0) close(fd);
+    }
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 17, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    const uint64_t rec = (uint64_t)s.nkv * (uint64_t)(s.hdk + s.hdv) * 2;
+    tr_kv *kv[NK] = {0};
+    for (int i = 0; i < NK; i++) {
+        tr_kv_params p = params(TR_KV_TIERED, 0.15f);
+        p.hot_bytes = hot_min(&s, &p) + (uint64_t)s.nl * 32 * rec;
+        p.cold_dir = g_tmp;
+        p.csd = i > 0;
+        p.csd_socket = i > 0 ? sock : NULL;
+        p.csd_chunk = 64;
+        p.beta = 0.5f; /* the same split on every side */
+        kv[i] = mk(&s, &p);
+        if (kv[i]) kv[i]->read_gap = 0;
+        if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
+    }
+    {
+        const pid_t a1 = tr_kv_csd_pid(kv[1]), a2 = tr_kv_csd_pid(kv[2]);
+        TU_CHECK(a1 > 0 && a2 > 0 && a1 != a2 && a1 != lpid && a2 != lpid,
+                 "listener %d serves the sessions in their own processes: %d, %d", (int)lpid,
+                 (int)a1, (int)a2);
+        float *q = malloc(sizeof(float) * qn), *o[NK];
+        for (int i = 0; i < NK; i++) o[i] = malloc(sizeof(float) * on);
+        const float scale = 1.0f / sqrtf((float)s.hdk);
+        tr_error err = {0};
+        int differ = 0, failed = 0;
+        for (int32_t pos = N0; pos < N0 + 60 && !failed; pos++)
+            for (int32_t l = 0; l < s.nl && !failed; l++) {
+                query_make(q, &s, pos, 500 + (uint64_t)pos + 7 * (uint64_t)l, false);
+                for (int i = 0; i < NK && !failed; i++)
+                    if (tr_kv_append(kv[i], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err) ||
+                        tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i],
+                                          on, &err)) {
+                        TU_CHECK(0, "listen run %d, step %d: %s", i, pos, err.msg);
+                        failed = 1;
+                    }
+                differ += !failed && (memcmp(o[0], o[1], on * sizeof(float)) != 0 ||
+                                      memcmp(o[0], o[2], on * sizeof(float)) != 0);
+            }
+        tr_kv_stats st;
+        tr_kv_get_stats(kv[1], &st);
+        TU_CHECK(!failed && differ == 0 && st.csd_score_bytes > 0 && st.csd_row_bytes > 0,
+                 "user-started agent: %d steps differ from host scoring, scores %llu B, rows %llu B",
+                 differ, (unsigned long long)st.csd_score_bytes,
+                 (unsigned long long)st.csd_row_bytes);
+        /* session 2's agent process dies: session 2 fails within a second, session 1 goes on */
+        kill(a2, SIGKILL);
+        const uint64_t t0 = tr_io_now_ns();
+        int32_t pos = N0 + 60;
+        tr_status f2 = TR_OK;
+        for (int32_t l = 0; l < s.nl && !f2; l++) {
+            query_make(q, &s, pos, 91, false);
+            f2 = tr_kv_append(kv[2], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
+            if (!f2)
+                f2 = tr_kv_attend_rows(kv[2], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[2], on,
+                                       &err);
+        }
+        const double ms = (double)(tr_io_now_ns() - t0) / 1e6;
+        TU_CHECK(f2 != TR_OK && strstr(err.msg, "has gone") && ms < 1000.0,
+                 "user-started agent killed: status %d after %.0f ms, '%s'", (int)f2, ms, err.msg);
+        printf("user-started agent killed: %s (%.0f ms)\n", err.msg, ms);
+        tr_status f1 = TR_OK;
+        for (int32_t l = 0; l < s.nl && !f1; l++) {
+            query_make(q, &s, pos, 91, false);
+            f1 = tr_kv_append(kv[1], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
+            if (!f1)
+                f1 = tr_kv_attend_rows(kv[1], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[1], on,
+                                       &err);
+        }
+        TU_CHECK(f1 == TR_OK, "the other session after one agent process died: %s", err.msg);
+        /* a session that ends ends its agent process; the listener stays */
+        tr_kv_free(kv[1]);
+        kv[1] = NULL;
+        bool gone = false;
+        for (int i = 0; i < 300 && !gone; i++) {
+            gone = kill(a1, 0) != 0 && errno == ESRCH;
+            if (!gone) usleep(10000);
+        }
+        TU_CHECK(gone && kill(lpid, 0) == 0,
+                 "session end: its agent process %s, the listener %s", gone ? "ended" : "remains",
+                 kill(lpid, 0) == 0 ? "stays" : "is gone");
+        free(q);
+        for (int i = 0; i < NK; i++) free(o[i]);
+        printf("user-started agent (--listen): 2 sessions at once, %d steps bit-identical to host "
+               "scoring\n", 60 * s.nl);
+    }
+    { /* no agent at that socket */
+        tr_kv_params p = params(TR_KV_TIERED, 0.15f);
+        p.hot_bytes = hot_min(&s, &p);
+        p.cold_dir = g_tmp;
+        p.csd = true;
+        char nope[PATH_MAX + 16];
+        snprintf(nope, sizeof nope, "%s/nobody.sock", g_tmp);
+        p.csd_socket = nope;
+        const tr_kv_shape sh = to_shape(&s);
+        tr_kv *k = NULL;
+        tr_error err = {0};
+        const tr_status st = tr_kv_create(&sh, &p, &k, &err);
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, "cannot connect to") && strstr(err.msg, nope),
+                 "missing agent socket: %d '%s'", (int)st, err.msg);
+        tr_kv_free(k);
+    }
+out:
+    for (int i = 0; i < NK; i++) tr_kv_free(kv[i]);
+    data_free(&d);
+    kill(lpid, SIGTERM);
+    waitpid(lpid, NULL, 0);
+    TU_CHECK(access(sock, F_OK) != 0, "the listener left its socket %s behind", sock);
+}
+
 int main(void) {
     tr_error err = {0};
     if (tr_pool_create(2, &g_pool, &err)) {
@@ -1844,6 +2009,7 @@ int main(void) {
     test_tail();
     test_app_rates();
     test_csd();
+    test_csd_listen();
     rmdir(g_tmp);
     tr_pool_free(g_pool);
     return tu_result("test_kv");

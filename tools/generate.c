@@ -173,6 +173,10 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
                     100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold),
                     (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
                     (unsigned long long)kv.pingpong);
+        if (kv.tail_kept > 0.0 || kv.tail_share > 0.0)
+            fprintf(stderr, "terrace: kv tail      %.1f %% of the unselected tokens summed, holding "
+                            "on average %.2f %% of each head's attention\n",
+                    100.0 * kv.tail_kept, 100.0 * kv.tail_share);
         if (kv.csd_score_bytes)
             fprintf(stderr, "terrace: kv agent     to the host: scores %s, rows %s; read %s from "
                             "storage; beta %.2f (host scores %.2f M tokens/s, agent %.2f M)\n",

@@ -57,6 +57,7 @@ int cmd_logits(int argc, char **argv) {
         {"kv-score-bits", required_argument, NULL, 'B'},
         {"kv-tail", required_argument, NULL, 0x100 + 1},
         {"kv-tail-min", required_argument, NULL, 0x100 + 2},
+        {"csd-socket", required_argument, NULL, 0x100 + 3},
         {"kv-bkp", required_argument, NULL, 'O'},
         {"csd", no_argument, NULL, 'Q'},
         {"kv-beta", required_argument, NULL, 'J'},
@@ -103,6 +104,10 @@ int cmd_logits(int argc, char **argv) {
         case 'B': sp.kv_score_bits = atoi(optarg); break;
         case 0x101: sp.kv_tail_bits = atoi(optarg); break;
         case 0x102: sp.kv_tail_min = (float)atof(optarg); break;
+        case 0x103:
+            sp.csd = true;
+            sp.csd_socket = optarg;
+            break;
         case 'O': sp.kv_bkp = optarg; break;
         case 'Q': sp.csd = true; break;
         case 'J': sp.kv_beta = (float)atof(optarg); break;

@@ -120,6 +120,12 @@ int cmd_perplexity(int argc, char **argv) {
     fprintf(stderr, "perplexity: %zu chunks x %d tokens in %.1f s (%.1f tok/s), peak RSS %.1f MiB\n",
             n_chunk, n_ctx, (now_ms() - t0) / 1e3,
             (double)(n_chunk * (size_t)n_ctx) / ((now_ms() - t0) / 1e3), peak_rss_mib());
+    tr_session_kv_stats kv;
+    tr_session_get_kv_stats(s, &kv);
+    if (kv.managed && o.kv.kv_tail_bits)
+        fprintf(stderr, "perplexity: kv tail: %.1f %% of the unselected tokens summed, holding on "
+                        "average %.2f %% of each head's attention\n",
+                100.0 * kv.tail_kept, 100.0 * kv.tail_share);
     rc = 0;
 out:
     free(logits);

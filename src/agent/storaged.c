@@ -2,6 +2,9 @@
  * terrace-storaged: the storage agent of the tiered KV cache (protocol in src/kv/csd.h). Started
  * by the runtime with the shared region at descriptor 3 and the layers' segment files at 4, 5,
  * ...; it serves requests one at a time until QUIT or until the runtime goes (PR_SET_PDEATHSIG).
+ * Or started by the user for a disk shared by several sessions: `--listen SOCKET` accepts
+ * runtimes (--csd-socket SOCKET), receives the same descriptors over the socket and forks a
+ * process per session that serves it the same way, until QUIT or until the connection closes.
  *
  * Memory: its own buffers only, sized at start from the geometry and reported in the region
  * (mem_bytes): one layer's per-head scores for the context (n_head x n_ctx floats), one chunk's
@@ -12,6 +15,7 @@
  * at least its bytes / link_gbps (rows: max of the read and the link).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -20,6 +24,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <poll.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -283,16 +290,20 @@ static int do_rows(agent *g, tr_csd_req *r) {
     return 0;
 }
 
-int main(int argc, char **argv) {
-    pid_t host = 0;
-    if (argc == 3 && !strcmp(argv[1], "--host-pid")) host = (pid_t)atoi(argv[2]);
-    if (host <= 0) {
-        fprintf(stderr, "terrace-storaged: the KV cache's storage agent; the runtime starts it "
-                        "(terrace ... --kv-policy tiered --kv-cold DIR --csd)\n");
-        return 2;
-    }
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != host) return 3; /* the runtime has already gone */
+/* whether the runtime we serve is still there: our parent, or the other end of the connection
+ * (the runtime never writes to it: readable means closed) */
+static bool host_alive(pid_t host, int sock) {
+    if (sock < 0) return getppid() == host;
+    struct pollfd pf = {.fd = sock, .events = POLLIN};
+    if (poll(&pf, 1, 0) <= 0) return true;
+    char b;
+    const ssize_t r = recv(sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return !(r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) ||
+             (pf.revents & (POLLHUP | POLLERR)));
+}
+
+/* serves the region at descriptor 3 until QUIT or until the runtime goes */
+static int serve(pid_t host, int sock) {
     tr_csd_ctl probe;
     if (pread(TR_CSD_FD_SHM, &probe, sizeof probe, 0) != (ssize_t)sizeof probe ||
         probe.magic != TR_CSD_MAGIC || probe.version != TR_CSD_VERSION) {
@@ -333,6 +344,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     atomic_store(&c->mem_bytes, hs_bytes + (size_t)c->chunk * 4 + keys_bytes);
+    atomic_store(&c->agent_pid, (int32_t)getpid());
     atomic_store(&c->ready, 1);
     for (;;) {
         if (pthread_mutex_lock(&c->mu) == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
@@ -342,7 +354,7 @@ int main(int argc, char **argv) {
             ts.tv_sec += 1;
             if (pthread_cond_timedwait(&c->to_agent, &c->mu, &ts) == EOWNERDEAD)
                 pthread_mutex_consistent(&c->mu);
-            if (getppid() != host) _exit(0); /* the runtime is gone */
+            if (!host_alive(host, sock)) _exit(0); /* the runtime is gone */
         }
         tr_csd_req *r = &c->ring[c->taken % TR_CSD_RING];
         c->taken++;
@@ -372,4 +384,166 @@ int main(int argc, char **argv) {
     free(g.iota);
     munmap(m, probe.total);
     return 0;
+}
+
+/* ---- the user-started agent ------------------------------------------------------------------- */
+
+static const char *g_listen_path;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (g_listen_path) unlink(g_listen_path);
+    _exit(0);
+}
+
+/* one runtime's hello and descriptors (several messages when there are many layers) */
+static int receive_session(int cs, tr_csd_hello *h, int **fds_out) {
+    *fds_out = NULL;
+    int *fds = NULL, got = 0, want = -1;
+    for (;;) {
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * TR_CSD_FD_BATCH)];
+            struct cmsghdr align;
+        } cb;
+        char one;
+        struct iovec iov = {.iov_base = want < 0 ? (void *)h : (void *)&one,
+                            .iov_len = want < 0 ? sizeof *h : 1};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.buf,
+                           .msg_controllen = sizeof cb.buf};
+        const ssize_t r = recvmsg(cs, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+        if (r != (ssize_t)iov.iov_len) goto bad;
+        if (want < 0) {
+            if (h->magic != TR_CSD_HELLO_MAGIC || h->version != TR_CSD_VERSION || h->n_fd < 2 ||
+                h->n_fd > 1 + 65536)
+                goto bad;
+            want = h->n_fd;
+            if (!(fds = malloc(sizeof(int) * (size_t)want))) goto bad;
+        }
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+            const int n = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            int tmp[TR_CSD_FD_BATCH];
+            memcpy(tmp, CMSG_DATA(cm), sizeof(int) * (size_t)(n < TR_CSD_FD_BATCH ? n : 0));
+            for (int i = 0; i < n && i < TR_CSD_FD_BATCH; i++) {
+                if (got < want) fds[got++] = tmp[i];
+                else close(tmp[i]);
+            }
+        }
+        if (m.msg_flags & MSG_CTRUNC) goto bad;
+        if (got == want) break;
+    }
+    *fds_out = fds;
+    return 0;
+bad:
+    for (int i = 0; i < got; i++) close(fds[i]);
+    free(fds);
+    return -1;
+}
+
+static int listen_main(const char *path) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path) {
+        fprintf(stderr, "terrace-storaged: --listen %s: a socket path has at most %zu bytes\n",
+                path, sizeof a.sun_path - 1);
+        return 2;
+    }
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    const int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (ls < 0) {
+        fprintf(stderr, "terrace-storaged: socket: %s\n", strerror(errno));
+        return 2;
+    }
+    int rc = bind(ls, (const struct sockaddr *)&a, sizeof a);
+    if (rc && errno == EADDRINUSE) {
+        /* a socket file left by an agent that is gone is reused; a live one is not */
+        const int t = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        const bool live = t >= 0 && connect(t, (const struct sockaddr *)&a, sizeof a) == 0;
+        if (t >= 0) close(t);
+        if (live) {
+            fprintf(stderr, "terrace-storaged: another agent listens on %s\n", path);
+            return 2;
+        }
+        unlink(path);
+        rc = bind(ls, (const struct sockaddr *)&a, sizeof a);
+    }
+    if (rc || listen(ls, 16)) {
+        fprintf(stderr, "terrace-storaged: cannot listen on %s: %s\n", path, strerror(errno));
+        return 2;
+    }
+    g_listen_path = path;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGCHLD, SIG_IGN); /* the session processes are reaped as they end */
+    signal(SIGPIPE, SIG_IGN);
+    fprintf(stderr, "terrace-storaged: listening on %s (pid %d); runtimes connect with "
+                    "--csd --csd-socket %s\n", path, (int)getpid(), path);
+    for (;;) {
+        const int cs = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+        if (cs < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            fprintf(stderr, "terrace-storaged: accept on %s: %s\n", path, strerror(errno));
+            unlink(path);
+            return 1;
+        }
+        /* a runtime that connects and sends nothing does not hold the others up for long */
+        const struct timeval tv = {.tv_sec = 5};
+        setsockopt(cs, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        tr_csd_hello h;
+        int *fds;
+        if (receive_session(cs, &h, &fds)) {
+            fprintf(stderr, "terrace-storaged: a connection without a valid terrace KV session "
+                            "(version %d expected) was closed\n", TR_CSD_VERSION);
+            close(cs);
+            continue;
+        }
+        const pid_t pid = fork();
+        if (pid == 0) {
+            /* the session's descriptors at 3, 4, ... (through copies above that range, as the
+             * runtime does for its own child); the connection above them too */
+            close(ls);
+            signal(SIGCHLD, SIG_DFL);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            const int hi = TR_CSD_FD_SHM + h.n_fd + 16;
+            const int sock = fcntl(cs, F_DUPFD_CLOEXEC, hi);
+            close(cs);
+            for (int i = 0; i < h.n_fd; i++) {
+                const int t = fcntl(fds[i], F_DUPFD_CLOEXEC, hi);
+                close(fds[i]);
+                fds[i] = t;
+            }
+            for (int i = 0; i < h.n_fd; i++) {
+                if (fds[i] < 0 || dup2(fds[i], TR_CSD_FD_SHM + i) < 0) _exit(2);
+                close(fds[i]);
+            }
+            free(fds);
+            _exit(sock < 0 ? 2 : serve((pid_t)h.host_pid, sock));
+        }
+        if (pid < 0)
+            fprintf(stderr, "terrace-storaged: fork for runtime pid %d: %s\n", (int)h.host_pid,
+                    strerror(errno));
+        else
+            fprintf(stderr, "terrace-storaged: serving runtime pid %d (%d layers) in pid %d\n",
+                    (int)h.host_pid, h.n_fd - 1, (int)pid);
+        for (int i = 0; i < h.n_fd; i++) close(fds[i]);
+        free(fds);
+        close(cs);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--listen")) return listen_main(argv[2]);
+    pid_t host = 0;
+    if (argc == 3 && !strcmp(argv[1], "--host-pid")) host = (pid_t)atoi(argv[2]);
+    if (host <= 0) {
+        fprintf(stderr,
+                "terrace-storaged: the KV cache's storage agent. The runtime starts it (terrace "
+                "... --kv-policy tiered --kv-cold DIR --csd), or start it yourself for a disk "
+                "that several sessions share:\n  terrace-storaged --listen SOCKET\nand give the "
+                "runtimes --csd --csd-socket SOCKET.\n");
+        return 2;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != host) return 3; /* the runtime has already gone */
+    return serve(host, -1);
 }

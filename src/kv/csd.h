@@ -22,9 +22,19 @@
  * agent selects exactly what host scoring selects (test_kv checks it).
  *
  * Synchronisation: a process-shared robust mutex and two condition variables (CLOCK_MONOTONIC).
- * The host waits in slices of 50 ms and checks the agent's exit status between them: an agent
- * that dies mid-step fails the step with a clear error within a second. The agent dies with the
- * runtime (PR_SET_PDEATHSIG).
+ * The host waits in slices of 50 ms and checks the agent between them: an agent that dies
+ * mid-step fails the step with a clear error within a second. The agent dies with the runtime.
+ *
+ * Two ways to start it:
+ *   - by the runtime (the default): a child process, given the region at descriptor 3 and the
+ *     segment files at 4, 5, ... ; the host watches its exit status, it has PR_SET_PDEATHSIG.
+ *   - by the user, for a disk shared by several sessions: `terrace-storaged --listen SOCKET`
+ *     waits on a Unix socket; a runtime given --csd-socket connects and passes the same
+ *     descriptors over it (SCM_RIGHTS: a tr_csd_hello, then the descriptors in batches of at
+ *     most TR_CSD_FD_BATCH), and the agent forks a process that serves that session exactly as
+ *     a child would. The connection stays open as the liveness signal both ways: each side
+ *     notices the other's end when it closes. Only descriptors cross the socket; the data path
+ *     is the shared region, as before.
  */
 #ifndef TR_KV_CSD_H
 #define TR_KV_CSD_H
@@ -34,7 +44,7 @@
 #include <stdint.h>
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
-#define TR_CSD_VERSION 4
+#define TR_CSD_VERSION 5
 #define TR_CSD_AREAS   2 /* row requests in flight: the two halves of a chunked working set (a
                            * pipelined selection goes to the agent as one request) */
 #define TR_CSD_RING    4
@@ -42,6 +52,16 @@
 /* the descriptors the agent finds: the shared region, then one segment file per layer */
 #define TR_CSD_FD_SHM   3
 #define TR_CSD_FD_LAYER 4
+
+/* the user-started agent's handshake */
+#define TR_CSD_HELLO_MAGIC 0x4f4c4c4548564b54ull /* "TKVHELLO" */
+#define TR_CSD_FD_BATCH    200 /* descriptors per message (the kernel takes at most 253) */
+typedef struct tr_csd_hello {
+    uint64_t magic;
+    uint32_t version; /* TR_CSD_VERSION */
+    int32_t host_pid; /* for the agent's messages */
+    int32_t n_fd;     /* the region, then one segment file per layer */
+} tr_csd_hello;
 
 enum { TR_CSD_OP_SCORE = 1, TR_CSD_OP_FINISH, TR_CSD_OP_ROWS, TR_CSD_OP_QUIT };
 
@@ -86,6 +106,7 @@ typedef struct tr_csd_ctl {
     uint64_t posted, taken, completed; /* request counts (under mu) */
     _Atomic int64_t produced;          /* FINISH: entries ready */
     _Atomic int32_t ready;             /* the agent is up */
+    _Atomic int32_t agent_pid;         /* the process serving this region */
     /* counters, written by the agent */
     _Atomic uint64_t bytes_scores, bytes_rows, bytes_storage, busy_ns, mem_bytes;
     _Atomic uint64_t score_ns, rows_ns; /* the agent's time in scoring and in row requests */

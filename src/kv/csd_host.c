@@ -8,11 +8,14 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <poll.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,9 +49,28 @@ static tr_status dead(tr_kv *kv, tr_error *err) {
     return tr_fail(err, TR_E_IO, "%s", kv->csd_dead);
 }
 
+/* a user-started agent: the connection closed (the agent never writes to it) */
+static bool sock_closed(int fd) {
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 0) <= 0) return false;
+    char b;
+    const ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) ||
+           (pf.revents & (POLLHUP | POLLERR));
+}
+
 /* true if the agent has gone (its exit recorded in kv->csd_dead) */
 static bool agent_gone(tr_kv *kv) {
     if (kv->csd_dead[0]) return true;
+    if (kv->csd_sock >= 0) {
+        if (!sock_closed(kv->csd_sock)) return false;
+        snprintf(kv->csd_dead, sizeof kv->csd_dead,
+                 "KV storage agent (terrace-storaged, %s) has gone (its connection closed): the "
+                 "cold pool is unavailable",
+                 kv->csd_where);
+        return true;
+    }
+    if (kv->csd_pid <= 0) return false;
     int ws = 0;
     const pid_t r = waitpid(kv->csd_pid, &ws, WNOHANG);
     if (r == 0) return false;
@@ -74,7 +96,7 @@ static tr_status lock(tr_kv *kv, tr_error *err) {
         pthread_mutex_unlock(&kv->csd_ctl->mu);
         if (!agent_gone(kv))
             snprintf(kv->csd_dead, sizeof kv->csd_dead,
-                     "KV storage agent (pid %d) died holding the shared lock", (int)kv->csd_pid);
+                     "KV storage agent (%s) died holding the shared lock", kv->csd_where);
         return dead(kv, err);
     }
     if (r) return tr_fail(err, TR_E_IO, "KV storage agent: lock: %s", strerror(r));
@@ -164,10 +186,98 @@ static bool find_agent(const tr_kv *kv, char *out, size_t cap) {
     return access(out, X_OK) == 0;
 }
 
+/* the runtime's own agent: a child given the region and the segment files at fixed descriptor
+ * numbers */
+static tr_status spawn_agent(tr_kv *kv, char *bin, tr_error *err) {
+    const tr_kv_shape *s = &kv->shape;
+    /* it finds the region and the segment files at fixed descriptor numbers */
+    /* (through copies above that range first: a source descriptor inside it would be
+     * overwritten by an earlier dup2 of the sequence) */
+    const int n_fd = s->n_layer + 1, hi = TR_CSD_FD_LAYER + s->n_layer + 16;
+    int *tmp = malloc(sizeof(int) * (size_t)n_fd);
+    if (!tmp) return tr_fail(err, TR_E_NOMEM, "KV storage agent: out of memory");
+    bool ok = true;
+    for (int i = 0; i < n_fd; i++) {
+        tmp[i] = fcntl(i ? kv->layers[i - 1].fd : kv->csd_fd, F_DUPFD_CLOEXEC, hi);
+        ok = ok && tmp[i] >= 0;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    for (int i = 0; i < n_fd && ok; i++)
+        posix_spawn_file_actions_adddup2(&fa, tmp[i], i ? TR_CSD_FD_LAYER + i - 1 : TR_CSD_FD_SHM);
+    char ppid[32];
+    snprintf(ppid, sizeof ppid, "%d", (int)getpid());
+    char *argv[] = {bin, "--host-pid", ppid, NULL};
+    pid_t pid = 0;
+    const int r = ok ? posix_spawn(&pid, bin, &fa, NULL, argv, environ) : errno;
+    posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < n_fd; i++)
+        if (tmp[i] >= 0) close(tmp[i]);
+    free(tmp);
+    if (r) return tr_fail(err, TR_E_IO, "KV storage agent: cannot start %s: %s", bin, strerror(r));
+    kv->csd_pid = pid;
+    snprintf(kv->csd_where, sizeof kv->csd_where, "pid %d", (int)pid);
+    return TR_OK;
+}
+
+/* a user-started agent (terrace-storaged --listen): the same descriptors, passed over its socket */
+static tr_status connect_agent(tr_kv *kv, const char *path, tr_error *err) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path)
+        return tr_fail(err, TR_E_ARG, "--csd-socket %s: a socket path has at most %zu bytes", path,
+                       sizeof a.sun_path - 1);
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return tr_fail(err, TR_E_IO, "KV storage agent: socket: %s", strerror(errno));
+    if (connect(fd, (const struct sockaddr *)&a, sizeof a)) {
+        const int e = errno;
+        close(fd);
+        return tr_fail(err, TR_E_IO,
+                       "KV storage agent: cannot connect to %s: %s (start it with "
+                       "`terrace-storaged --listen %s`)",
+                       path, strerror(e), path);
+    }
+    kv->csd_sock = fd;
+    snprintf(kv->csd_where, sizeof kv->csd_where, "at %.140s", path);
+    const int n_fd = kv->shape.n_layer + 1;
+    const tr_csd_hello h = {.magic = TR_CSD_HELLO_MAGIC,
+                            .version = TR_CSD_VERSION,
+                            .host_pid = (int32_t)getpid(),
+                            .n_fd = n_fd};
+    for (int i0 = 0; i0 < n_fd; i0 += TR_CSD_FD_BATCH) {
+        const int n = n_fd - i0 < TR_CSD_FD_BATCH ? n_fd - i0 : TR_CSD_FD_BATCH;
+        int fds[TR_CSD_FD_BATCH];
+        for (int i = 0; i < n; i++) fds[i] = i0 + i ? kv->layers[i0 + i - 1].fd : kv->csd_fd;
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * TR_CSD_FD_BATCH)];
+            struct cmsghdr align;
+        } cb;
+        memset(&cb, 0, sizeof cb);
+        char more = 1; /* the batches after the first carry one byte */
+        struct iovec iov = {.iov_base = i0 ? (void *)&more : (void *)&h,
+                            .iov_len = i0 ? 1 : sizeof h};
+        struct msghdr m = {.msg_iov = &iov,
+                           .msg_iovlen = 1,
+                           .msg_control = cb.buf,
+                           .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n)};
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+        if (sendmsg(fd, &m, MSG_NOSIGNAL) != (ssize_t)iov.iov_len)
+            return tr_fail(err, TR_E_IO, "KV storage agent at %s: sending the cold pool: %s", path,
+                           strerror(errno));
+    }
+    return TR_OK;
+}
+
 tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err) {
     const tr_kv_shape *s = &kv->shape;
+    const char *sock = kv->params.csd_socket && *kv->params.csd_socket ? kv->params.csd_socket
+                                                                       : NULL;
     char bin[PATH_MAX + 64];
-    if (!find_agent(kv, bin, sizeof bin))
+    if (!sock && !find_agent(kv, bin, sizeof bin))
         return tr_fail(err, TR_E_ARG,
                        "KV storage agent: %s is not an executable (build it with make, or name it "
                        "with --csd-bin or TERRACE_STORAGED)",
@@ -243,44 +353,36 @@ tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err) {
     pthread_condattr_destroy(&ca);
     kv->ws = (uint8_t *)m + c->off_ws;
 
-    /* the agent finds the region and the segment files at fixed descriptor numbers */
-    /* (through copies above that range first: a source descriptor inside it would be
-     * overwritten by an earlier dup2 of the sequence) */
-    const int n_fd = s->n_layer + 1, hi = TR_CSD_FD_LAYER + s->n_layer + 16;
-    int *tmp = malloc(sizeof(int) * (size_t)n_fd);
-    if (!tmp) return tr_fail(err, TR_E_NOMEM, "KV storage agent: out of memory");
-    bool ok = true;
-    for (int i = 0; i < n_fd; i++) {
-        tmp[i] = fcntl(i ? kv->layers[i - 1].fd : kv->csd_fd, F_DUPFD_CLOEXEC, hi);
-        ok = ok && tmp[i] >= 0;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    for (int i = 0; i < n_fd && ok; i++)
-        posix_spawn_file_actions_adddup2(&fa, tmp[i], i ? TR_CSD_FD_LAYER + i - 1 : TR_CSD_FD_SHM);
-    char ppid[32];
-    snprintf(ppid, sizeof ppid, "%d", (int)getpid());
-    char *argv[] = {bin, "--host-pid", ppid, NULL};
-    pid_t pid = 0;
-    const int r = ok ? posix_spawn(&pid, bin, &fa, NULL, argv, environ) : errno;
-    posix_spawn_file_actions_destroy(&fa);
-    for (int i = 0; i < n_fd; i++)
-        if (tmp[i] >= 0) close(tmp[i]);
-    free(tmp);
-    if (r) return tr_fail(err, TR_E_IO, "KV storage agent: cannot start %s: %s", bin, strerror(r));
-    kv->csd_pid = pid;
+    tr_status st = sock ? connect_agent(kv, sock, err) : spawn_agent(kv, bin, err);
+    if (st) return st;
     const uint64_t t0 = tr_io_now_ns();
     while (!atomic_load(&c->ready)) {
         if (agent_gone(kv)) return dead(kv, err);
         if (tr_io_now_ns() - t0 > CSD_START_NS)
-            return tr_fail(err, TR_E_IO, "KV storage agent %s (pid %d) did not start in 10 s", bin,
-                           (int)pid);
+            return tr_fail(err, TR_E_IO, "KV storage agent (%s) did not start in 10 s",
+                           kv->csd_where);
         usleep(1000);
     }
+    if (sock) /* its messages name the process serving us */
+        snprintf(kv->csd_where, sizeof kv->csd_where, "pid %d at %.140s",
+                 (int)atomic_load(&c->agent_pid), sock);
     return TR_OK;
 }
 
 void tr_kv_csd_stop(tr_kv *kv) {
+    if (kv->csd_sock >= 0 && kv->csd_ctl && !kv->csd_dead[0]) {
+        /* a user-started agent's process for this session ends; the listener stays */
+        tr_csd_req q = {.op = TR_CSD_OP_QUIT};
+        uint64_t seq;
+        const uint64_t t0 = tr_io_now_ns();
+        if (!post(kv, &q, &seq, NULL))
+            while (!sock_closed(kv->csd_sock) && tr_io_now_ns() - t0 < 2000000000ull)
+                usleep(1000);
+    }
+    if (kv->csd_sock >= 0) { /* an agent still serving notices the close within a second */
+        close(kv->csd_sock);
+        kv->csd_sock = -1;
+    }
     if (kv->csd_pid > 0 && kv->csd_ctl && !kv->csd_dead[0]) {
         tr_csd_req q = {.op = TR_CSD_OP_QUIT};
         uint64_t seq;
@@ -313,7 +415,10 @@ void tr_kv_csd_stop(tr_kv *kv) {
     kv->csd_fd = -1;
 }
 
-pid_t tr_kv_csd_pid(const tr_kv *kv) { return kv->csd_pid; }
+pid_t tr_kv_csd_pid(const tr_kv *kv) {
+    if (kv->csd_pid > 0) return kv->csd_pid;
+    return kv->csd_ctl ? (pid_t)atomic_load(&kv->csd_ctl->agent_pid) : 0;
+}
 
 void tr_kv_csd_counters(const tr_kv *kv, uint64_t *scores, uint64_t *rows, uint64_t *storage,
                         uint64_t *busy_ns, uint64_t *mem) {

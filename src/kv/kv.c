@@ -341,6 +341,8 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
 
     tr_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return tr_fail(err, TR_E_NOMEM, "KV cache: out of memory");
+    kv->csd_fd = -1; /* before anything can fail: tr_kv_free closes them */
+    kv->csd_sock = -1;
     kv->shape = *shape;
     kv->params = *params;
     kv->params.cold_dir = NULL;
@@ -477,7 +479,6 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
 
     const bool csd = pl.cold && params->csd;
     kv->csd = csd;
-    kv->csd_fd = -1;
     kv->csd_chunk = params->csd_chunk ? (params->csd_chunk + TR_KV_PAGE - 1) / TR_KV_PAGE * TR_KV_PAGE
                                       : 1024;
     if (!csd) ALLOC(kv->ws, (size_t)pl.ws_cap * pl.rec, 4096); /* else in the shared region */

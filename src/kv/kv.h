@@ -104,6 +104,8 @@ typedef struct tr_kv_params {
     double csd_gbps, csd_gflops, csd_link_gbps; /* throttles; 0: none */
     const char *csd_bin;  /* the agent's executable; NULL: $TERRACE_STORAGED, else next to the
                              running program (or one directory up) */
+    const char *csd_socket; /* connect to a running `terrace-storaged --listen SOCKET` instead of
+                               starting one (a disk shared by several sessions); NULL: start it */
     /* APP: beta = tokens scored by the host / tokens scored by the agent, among those on storage
      * (the host takes the most recent ones). < 0 (default): chosen every step from the measured
      * rates (see tr_kv_app_beta); >= 0: fixed (--kv-beta, for sweeps; 0 = the agent scores all) */

@@ -189,7 +189,9 @@ struct tr_kv {
     struct tr_csd_ctl *csd_ctl; /* the shared region (the working set lives in it) */
     size_t csd_bytes;
     int csd_fd;
-    pid_t csd_pid;
+    pid_t csd_pid;  /* the agent when it is our child; 0 otherwise */
+    int csd_sock;   /* the connection to a user-started agent; -1 otherwise */
+    char csd_where[160]; /* "pid N" or "pid N at SOCKET", for messages */
     char csd_dead[512]; /* why the agent is gone; empty while it runs */
     float *csd_m, *csd_c; /* [n_head] group B max; [2][n_head] factors */
     double *csd_z;        /* [n_head] group B sum */

@@ -47,6 +47,7 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     kp.keep = p->kv_keep;
     if (p->kv_bkp && tr_kv_bkp_parse(p->kv_bkp, &kp.bkp, err)) return TR_E_ARG;
     kp.csd = p->csd;
+    kp.csd_socket = p->csd_socket;
     kp.csd_chunk = p->csd_chunk;
     kp.csd_gbps = p->csd_gbps;
     kp.csd_gflops = p->csd_gflops;

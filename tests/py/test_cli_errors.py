@@ -106,6 +106,10 @@ def main():
                ["--kv-tail", "0, 4 or 8"])
         expect("bad --kv-tail-min", ["run", "-m", good, "-p", "x", "--kv-tail-min", "-1"], 2,
                ["--kv-tail-min"])
+        expect("no agent at --csd-socket", ["run", "-m", good, "-p", "x", "-c", "256",
+                                            "--kv-policy", "tiered", "--kv-hot", "64K", "--kv-cold",
+                                            tmp, "--csd-socket", p("nobody.sock")], 1,
+               ["cannot connect to", "nobody.sock", "terrace-storaged --listen"])
         expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
                                             "--kv-tail", "4"], 1, ["--kv-tail 4", "tiered"])
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])

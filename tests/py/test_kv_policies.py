@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -50,115 +51,132 @@ def main():
     with tempfile.TemporaryDirectory(prefix="terrace-kv-") as tmp:
         cold = os.path.join(tmp, "cold")
         os.mkdir(cold)
-        models = [("MHA olmoe", "olmoe"), ("GQA qwen2", "qwen2"), ("MQA gemma3 (SWA)", "gemma3")]
-        toks = synth.token_sequence(160)
-        for label, arch in models:
-            path = os.path.join(tmp, arch + ".gguf")
-            synth.write(arch, "F32", path)
-            full, e = logits(path, toks, [], os.path.join(tmp, "f.f32"))
-            check(full is not None, f"{label} full: {e}")
-            if full is None:
-                continue
-            for pol in POLICIES:
-                for where, extra in (("hot", []), ("cold", ["--kv-hot", "64K", "--kv-cold", cold])):
-                    got, e = logits(path, toks, ["--kv-policy", pol, "--kv-alpha", "1", *extra],
-                                    os.path.join(tmp, "p.f32"))
-                    check(got is not None, f"{label} {pol} {where}: {e}")
-                    if got is None:
-                        continue
-                    d = float(np.abs(got - full).max())
-                    top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
-                    check(d <= TOL, f"{label} {pol} alpha=1 {where}: max |dlogit| {d:.2e}")
-                    print(f"  {label:18s} {pol:8s} alpha=1   {where:4s}  max |dlogit| {d:.2e}  "
-                          f"top-1 {100 * top1:.1f}%")
-                got, e = logits(path, toks, ["--kv-policy", pol, "--kv-alpha", "0.2", "--kv-window",
-                                             "16", "--kv-sink", "4"], os.path.join(tmp, "p.f32"))
-                check(got is not None, f"{label} {pol} alpha=0.2: {e}")
-                if got is not None:
-                    top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
-                    print(f"  {label:18s} {pol:8s} alpha=0.2 hot   top-1 vs full {100 * top1:.1f}%")
-            # --kv-tail: nothing is left out at alpha 1 (the logits of full); at alpha 0.2 the
-            # unselected tokens' estimate brings the logits closer to full's than the selection
-            # alone
-            sel = ["--kv-policy", "tiered", "--kv-window", "16", "--kv-sink", "4"]
+        # an agent started by the user (a disk shared by several sessions), next to the runtime
+        sock = os.path.join(tmp, "agent.sock")
+        agent = subprocess.Popen([os.path.join(os.path.dirname(TERRACE), "terrace-storaged"),
+                                  "--listen", sock], stderr=subprocess.DEVNULL)
+        for _ in range(500):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.01)
+        try:
+            run_all(tmp, cold, sock)
+        finally:
+            agent.terminate()
+            agent.wait()
+    print("test_kv_policies: " + ("all checks passed" if not failures else f"{failures} FAILED"))
+    return 1 if failures else 0
+
+
+def run_all(tmp, cold, sock):
+    models = [("MHA olmoe", "olmoe"), ("GQA qwen2", "qwen2"), ("MQA gemma3 (SWA)", "gemma3")]
+    toks = synth.token_sequence(160)
+    for label, arch in models:
+        path = os.path.join(tmp, arch + ".gguf")
+        synth.write(arch, "F32", path)
+        full, e = logits(path, toks, [], os.path.join(tmp, "f.f32"))
+        check(full is not None, f"{label} full: {e}")
+        if full is None:
+            continue
+        for pol in POLICIES:
             for where, extra in (("hot", []), ("cold", ["--kv-hot", "64K", "--kv-cold", cold])):
-                got, e = logits(path, toks, sel + ["--kv-alpha", "1", "--kv-tail", "4", *extra],
+                got, e = logits(path, toks, ["--kv-policy", pol, "--kv-alpha", "1", *extra],
                                 os.path.join(tmp, "p.f32"))
-                check(got is not None, f"{label} tiered tail alpha=1 {where}: {e}")
-                if got is not None:
-                    d = float(np.abs(got - full).max())
-                    check(d <= TOL, f"{label} tiered tail alpha=1 {where}: max |dlogit| {d:.2e}")
-            # summing every unselected token (--kv-tail-min 0) and only those above the uniform
-            # share (the default)
-            plain, e = logits(path, toks, sel + ["--kv-alpha", "0.2"], os.path.join(tmp, "a.f32"))
-            tl, e2 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4",
-                                               "--kv-tail-min", "0"], os.path.join(tmp, "t.f32"))
-            td, e3 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4"],
-                            os.path.join(tmp, "d.f32"))
-            check(plain is not None and tl is not None and td is not None,
-                  f"{label} tiered tail alpha=0.2: {e} {e2} {e3}")
-            if plain is not None and tl is not None and td is not None:
-                dp, dt = float(np.abs(plain - full).mean()), float(np.abs(tl - full).mean())
-                dd = float(np.abs(td - full).mean())
-                check(dt < 0.7 * dp, f"{label} tiered alpha=0.2: mean |dlogit| vs full {dt:.3e} "
-                                     f"with --kv-tail 4 --kv-tail-min 0, {dp:.3e} without")
-                check(dd < 0.9 * dp, f"{label} tiered alpha=0.2: mean |dlogit| vs full {dd:.3e} "
-                                     f"with --kv-tail 4, {dp:.3e} without")
-                print(f"  {label:18s} tiered alpha=0.2: mean |dlogit| vs full {dp:.2e}, "
-                      f"{dt:.2e} with --kv-tail 4 --kv-tail-min 0, {dd:.2e} with --kv-tail 4")
-            # placement (BKP) and the storage agent never change what tiered computes: the same
-            # logits, bit for bit, as host scoring with static placement (the same beta split)
-            sel = ["--kv-policy", "tiered", "--kv-alpha", "0.2", "--kv-window", "16", "--kv-sink",
-                   "4", "--kv-hot", "64K", "--kv-cold", cold, "--kv-beta", "0.5"]
-            base, e = logits(path, toks, sel, os.path.join(tmp, "b.f32"))
-            check(base is not None, f"{label} tiered cold alpha=0.2: {e}")
-            for extra in (["--kv-bkp", "on"], ["--kv-bkp", "naive"], ["--csd"],
-                          ["--csd", "--kv-bkp", "on"]):
-                got, e = logits(path, toks, sel + extra, os.path.join(tmp, "p.f32"))
-                check(got is not None, f"{label} tiered {' '.join(extra)}: {e}")
-                if got is None or base is None:
-                    continue
-                same = bool(np.array_equal(got, base))
-                check(same, f"{label} tiered {' '.join(extra)}: logits differ from host scoring "
-                            f"({float(np.abs(got - base).max()):.2e})")
-                print(f"  {label:18s} tiered {' '.join(extra):18s} alpha=0.2 cold: "
-                      f"{'identical to' if same else 'DIFFERENT from'} host scoring, static placement")
-        if REAL and os.path.exists(REAL):
-            # natural text (random ids would give near-tie predictions everywhere)
-            text = ("In the beginning God created the heaven and the earth. And the earth was "
-                    "without form, and void; and darkness was upon the face of the deep. And the "
-                    "Spirit of God moved upon the face of the waters. And God said, Let there be "
-                    "light: and there was light. And God saw the light, that it was good: and God "
-                    "divided the light from the darkness. And God called the light Day, and the "
-                    "darkness he called Night. And the evening and the morning were the first day.")
-            r = subprocess.run([TERRACE, "run", "-m", REAL, "-p", text, "-n", "0", "--verbose",
-                                "--no-display-prompt"], capture_output=True, text=True)
-            rt = [int(x) for line in r.stderr.splitlines() if line.startswith("terrace: prompt tokens")
-                  for x in line.split(":", 2)[2].split()]
-            full, e = logits(REAL, rt, [], os.path.join(tmp, "f.f32"))
-            check(full is not None, f"real model full: {e}")
-            # The real model is quantized (Q4_1): activation re-quantization turns any float
-            # difference into jumps that 30 layers carry on (parity.py). The noise floor is what
-            # merely changing the kernel family (summation order) does to the full cache's logits;
-            # a policy at alpha = 1 must stay within twice that.
-            scalar, e = logits(REAL, rt, [], os.path.join(tmp, "s.f32"),
-                               env=dict(os.environ, TERRACE_ISA="scalar"))
-            floor = float(np.abs(scalar - full).max()) if scalar is not None and full is not None else 0
-            print(f"  default real model: full, avx vs scalar kernels: max |dlogit| {floor:.2e} (noise floor)")
-            for pol in POLICIES:
-                got, e = logits(REAL, rt, ["--kv-policy", pol, "--kv-alpha", "1"],
-                                os.path.join(tmp, "p.f32"))
-                check(got is not None and full is not None, f"real {pol}: {e}")
-                if got is None or full is None:
+                check(got is not None, f"{label} {pol} {where}: {e}")
+                if got is None:
                     continue
                 d = float(np.abs(got - full).max())
                 top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
-                check(top1 >= 0.95 and d <= max(2 * floor, 0.1),
-                      f"real model {pol} alpha=1: top-1 {top1:.3f}, max {d:.2e} (floor {floor:.2e})")
-                print(f"  {'default real model':18s} {pol:8s} alpha=1   hot   max |dlogit| {d:.2e}  "
+                check(d <= TOL, f"{label} {pol} alpha=1 {where}: max |dlogit| {d:.2e}")
+                print(f"  {label:18s} {pol:8s} alpha=1   {where:4s}  max |dlogit| {d:.2e}  "
                       f"top-1 {100 * top1:.1f}%")
-    print("test_kv_policies: " + ("all checks passed" if not failures else f"{failures} FAILED"))
-    return 1 if failures else 0
+            got, e = logits(path, toks, ["--kv-policy", pol, "--kv-alpha", "0.2", "--kv-window",
+                                         "16", "--kv-sink", "4"], os.path.join(tmp, "p.f32"))
+            check(got is not None, f"{label} {pol} alpha=0.2: {e}")
+            if got is not None:
+                top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
+                print(f"  {label:18s} {pol:8s} alpha=0.2 hot   top-1 vs full {100 * top1:.1f}%")
+        # --kv-tail: nothing is left out at alpha 1 (the logits of full); at alpha 0.2 the
+        # unselected tokens' estimate brings the logits closer to full's than the selection
+        # alone
+        sel = ["--kv-policy", "tiered", "--kv-window", "16", "--kv-sink", "4"]
+        for where, extra in (("hot", []), ("cold", ["--kv-hot", "64K", "--kv-cold", cold])):
+            got, e = logits(path, toks, sel + ["--kv-alpha", "1", "--kv-tail", "4", *extra],
+                            os.path.join(tmp, "p.f32"))
+            check(got is not None, f"{label} tiered tail alpha=1 {where}: {e}")
+            if got is not None:
+                d = float(np.abs(got - full).max())
+                check(d <= TOL, f"{label} tiered tail alpha=1 {where}: max |dlogit| {d:.2e}")
+        # summing every unselected token (--kv-tail-min 0) and only those above the uniform
+        # share (the default)
+        plain, e = logits(path, toks, sel + ["--kv-alpha", "0.2"], os.path.join(tmp, "a.f32"))
+        tl, e2 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4",
+                                           "--kv-tail-min", "0"], os.path.join(tmp, "t.f32"))
+        td, e3 = logits(path, toks, sel + ["--kv-alpha", "0.2", "--kv-tail", "4"],
+                        os.path.join(tmp, "d.f32"))
+        check(plain is not None and tl is not None and td is not None,
+              f"{label} tiered tail alpha=0.2: {e} {e2} {e3}")
+        if plain is not None and tl is not None and td is not None:
+            dp, dt = float(np.abs(plain - full).mean()), float(np.abs(tl - full).mean())
+            dd = float(np.abs(td - full).mean())
+            check(dt < 0.7 * dp, f"{label} tiered alpha=0.2: mean |dlogit| vs full {dt:.3e} "
+                                 f"with --kv-tail 4 --kv-tail-min 0, {dp:.3e} without")
+            check(dd < 0.9 * dp, f"{label} tiered alpha=0.2: mean |dlogit| vs full {dd:.3e} "
+                                 f"with --kv-tail 4, {dp:.3e} without")
+            print(f"  {label:18s} tiered alpha=0.2: mean |dlogit| vs full {dp:.2e}, "
+                  f"{dt:.2e} with --kv-tail 4 --kv-tail-min 0, {dd:.2e} with --kv-tail 4")
+        # placement (BKP) and the storage agent never change what tiered computes: the same
+        # logits, bit for bit, as host scoring with static placement (the same beta split)
+        sel = ["--kv-policy", "tiered", "--kv-alpha", "0.2", "--kv-window", "16", "--kv-sink",
+               "4", "--kv-hot", "64K", "--kv-cold", cold, "--kv-beta", "0.5"]
+        base, e = logits(path, toks, sel, os.path.join(tmp, "b.f32"))
+        check(base is not None, f"{label} tiered cold alpha=0.2: {e}")
+        for extra in (["--kv-bkp", "on"], ["--kv-bkp", "naive"], ["--csd"],
+                      ["--csd", "--kv-bkp", "on"], ["--csd-socket", sock]):
+            got, e = logits(path, toks, sel + extra, os.path.join(tmp, "p.f32"))
+            check(got is not None, f"{label} tiered {' '.join(extra)}: {e}")
+            if got is None or base is None:
+                continue
+            same = bool(np.array_equal(got, base))
+            check(same, f"{label} tiered {' '.join(extra)}: logits differ from host scoring "
+                        f"({float(np.abs(got - base).max()):.2e})")
+            shown = " ".join(extra).replace(sock, "SOCKET")
+            print(f"  {label:18s} tiered {shown:18s} alpha=0.2 cold: "
+                  f"{'identical to' if same else 'DIFFERENT from'} host scoring, static placement")
+    if REAL and os.path.exists(REAL):
+        # natural text (random ids would give near-tie predictions everywhere)
+        text = ("In the beginning God created the heaven and the earth. And the earth was "
+                "without form, and void; and darkness was upon the face of the deep. And the "
+                "Spirit of God moved upon the face of the waters. And God said, Let there be "
+                "light: and there was light. And God saw the light, that it was good: and God "
+                "divided the light from the darkness. And God called the light Day, and the "
+                "darkness he called Night. And the evening and the morning were the first day.")
+        r = subprocess.run([TERRACE, "run", "-m", REAL, "-p", text, "-n", "0", "--verbose",
+                            "--no-display-prompt"], capture_output=True, text=True)
+        rt = [int(x) for line in r.stderr.splitlines() if line.startswith("terrace: prompt tokens")
+              for x in line.split(":", 2)[2].split()]
+        full, e = logits(REAL, rt, [], os.path.join(tmp, "f.f32"))
+        check(full is not None, f"real model full: {e}")
+        # The real model is quantized (Q4_1): activation re-quantization turns any float
+        # difference into jumps that 30 layers carry on (parity.py). The noise floor is what
+        # merely changing the kernel family (summation order) does to the full cache's logits;
+        # a policy at alpha = 1 must stay within twice that.
+        scalar, e = logits(REAL, rt, [], os.path.join(tmp, "s.f32"),
+                           env=dict(os.environ, TERRACE_ISA="scalar"))
+        floor = float(np.abs(scalar - full).max()) if scalar is not None and full is not None else 0
+        print(f"  default real model: full, avx vs scalar kernels: max |dlogit| {floor:.2e} (noise floor)")
+        for pol in POLICIES:
+            got, e = logits(REAL, rt, ["--kv-policy", pol, "--kv-alpha", "1"],
+                            os.path.join(tmp, "p.f32"))
+            check(got is not None and full is not None, f"real {pol}: {e}")
+            if got is None or full is None:
+                continue
+            d = float(np.abs(got - full).max())
+            top1 = float(np.mean(got.argmax(1) == full.argmax(1)))
+            check(top1 >= 0.95 and d <= max(2 * floor, 0.1),
+                  f"real model {pol} alpha=1: top-1 {top1:.3f}, max {d:.2e} (floor {floor:.2e})")
+            print(f"  {'default real model':18s} {pol:8s} alpha=1   hot   max |dlogit| {d:.2e}  "
+                  f"top-1 {100 * top1:.1f}%")
 
 
 if __name__ == "__main__":
