@@ -1757,6 +1757,12 @@ static void test_csd(void) {
                          isfinite(sa.beta),
                      "APP: %s beta %.3g from f_c %.3g f_s %.3g B_s %.3g", bad ? err.msg : "",
                      k ? sa.beta : 0.0, k ? sa.f_c : 0.0, k ? sa.f_s : 0.0, k ? sa.b_s : 0.0);
+            /* the first split already comes from rates measured at start (not an even guess) */
+            TU_CHECK(k && k->app_probed && k->app_beta_first > 0 && k->app_beta_first != 1.0 &&
+                         isfinite(k->app_beta_first),
+                     "APP at start: probed %d, first beta %.4g", k ? (int)k->app_probed : 0,
+                     k ? k->app_beta_first : 0.0);
+            if (k) printf("APP at start: the first layer's beta %.2f\n", k->app_beta_first);
             if (k && !bad)
                 printf("APP: beta %.2f from host scoring %.2f M tokens/s, agent %.2f M tokens/s, "
                        "hot-pool copies %.2f GB/s, agent rows %.2f GB/s, selected fractions host "

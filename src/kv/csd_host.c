@@ -525,6 +525,75 @@ void tr_kv_app_note_rows(tr_kv *kv, uint64_t hot_bytes, uint64_t hot_ns, uint64_
         tr_kv_app_avg(&kv->app_bs, (double)agent_bytes / (double)agent_ns);
 }
 
+/* The probe's sizes: enough tokens that per-call costs (waking threads, the request round trip)
+ * do not dominate, few enough that it costs about one layer's scoring */
+#define APP_PROBE_TOKENS 4096
+#define APP_PROBE_ROWS   256
+
+/* Without it the first split would be a guess (an even one) and every rate would come from the
+ * split steps themselves. Each path is measured alone, on real data of the layer about to be
+ * scored: the agent scores its first tokens twice (the first pass loads their key copies from
+ * storage into its memory, as a step would, the second is timed), the host scores the same
+ * tokens, hot records are copied into the working set, and the agent reads cold records into it
+ * (counted as bytes read). The running averages of the steps take over from these values. */
+tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
+                          const int32_t *cand, int32_t n_a, tr_error *err) {
+    kv->app_probed = true;
+    const tr_kv_params *p = &kv->params;
+    const int32_t m = n_a < APP_PROBE_TOKENS ? n_a : APP_PROBE_TOKENS;
+    if (m < 1 || cand[m - 1] != cand[0] + m - 1) return TR_OK; /* not a range: steps measure */
+    tr_csd_ctl *c = kv->csd_ctl;
+    tr_kv_layer *L = &kv->layers[layer];
+    tr_status st;
+    if (!(p->app_f_s > 0)) {
+        tr_kv_prepare_query(kv, layer, q);
+        memcpy((uint8_t *)c + c->off_q8, kv->q8, (size_t)kv->shape.n_head * kv->q8row);
+        uint64_t s0 = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            tr_csd_req r = {.op = TR_CSD_OP_SCORE,
+                            .layer = layer,
+                            .a = cand[0],
+                            .b = cand[0] + m,
+                            .scale = scale,
+                            .inval_from = L->csd_inval == INT32_MAX ? -1 : L->csd_inval};
+            uint64_t seq;
+            s0 = atomic_load(&c->score_ns);
+            if ((st = post(kv, &r, &seq, err)) || (st = wait_done(kv, seq, err))) return st;
+            L->csd_inval = INT32_MAX;
+        }
+        kv->app_ts = (double)(atomic_load(&c->score_ns) - s0) / m;
+    }
+    if (!(p->app_f_c > 0)) { /* as the host scores its part in tr_kv_csd_score */
+        const uint64_t t0 = tr_io_now_ns();
+        tr_kv_score_heads(kv, pool, layer, cand, 0, m, (size_t)m, scale);
+        for (int32_t h = 0; h < kv->shape.n_head; h++) {
+            float mx;
+            double z;
+            tr_kv_group_stats(kv->hs + (size_t)h * (size_t)m, m, &mx, &z);
+        }
+        kv->app_tc = (double)(tr_io_now_ns() - t0) / m;
+    }
+    if (!(p->app_b_c > 0)) { /* hot records into the working set, as a gather copies them */
+        int32_t nc = 0;
+        const uint64_t t0 = tr_io_now_ns();
+        for (int32_t t = 0; t < L->len && nc < APP_PROBE_ROWS && nc < kv->ws_cap; t++)
+            if (L->tok[t].where == TR_KV_TOK_HOT) {
+                memcpy(kv->ws + (size_t)nc * kv->rec, L->hot + (size_t)L->tok[t].slot * kv->rec,
+                       kv->rec);
+                nc++;
+            }
+        const uint64_t ns = tr_io_now_ns() - t0;
+        if (nc && ns) kv->app_bc = (double)nc * (double)kv->rec / (double)ns;
+    }
+    if (!(p->app_b_s > 0)) { /* the agent's rows: cold records read into the working set */
+        int32_t nr = m < APP_PROBE_ROWS ? m : APP_PROBE_ROWS;
+        if (nr > kv->ws_cap) nr = kv->ws_cap;
+        tr_kv_csd_rows_start(kv, 0, layer, cand, nr, 0);
+        if ((st = tr_kv_csd_rows_wait(kv, 0, err))) return st; /* sets app_bs */
+    }
+    return TR_OK;
+}
+
 double tr_kv_app_beta(const tr_kv *kv) {
     if (kv->params.beta >= 0.0f) return kv->params.beta;
     if (!(kv->app_tc > 0 && kv->app_ts > 0)) return 1.0; /* nothing measured yet: an even split */

@@ -200,6 +200,8 @@ struct tr_kv {
     double app_bc, app_bs;       /* bytes per ns of rows: hot-pool copies, agent reads */
     double app_ac, app_as;       /* selected fraction of the host's / agent's part */
     double app_beta;
+    bool app_probed;             /* the start-up measurement is done (tr_kv_app_probe) */
+    double app_beta_first;       /* the split of the first layer scored with the agent */
     int32_t app_host_lo;         /* this step's split: the host scores written positions >= it */
     /* BKP scratch: [hot_slots] */
     int32_t *bkp_pos;
@@ -265,6 +267,10 @@ void tr_kv_app_init(tr_kv *kv);
 /* beta for the next step from the measured rates (DESIGN.md: equal time on both paths,
  * n_c/f_c + a_c n_c rec/B_c = n_s/f_s + a_s n_s rec/B_s), the host's part capped by the hot pool */
 double tr_kv_app_beta(const tr_kv *kv);
+/* APP at start: before the first split with the agent, each rate APP uses not given by flags is
+ * measured once on that layer's own data (candidates cand[0, n_a) are on storage) */
+tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
+                          const int32_t *cand, int32_t n_a, tr_error *err);
 void tr_kv_app_note_rows(tr_kv *kv, uint64_t hot_bytes, uint64_t hot_ns, uint64_t agent_bytes,
                          uint64_t agent_ns);
 

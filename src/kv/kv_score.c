@@ -580,6 +580,11 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         int32_t n_a = 0;
         const int32_t written = kv->cold ? L->pages_written * TR_KV_PAGE : 0;
         while (n_a < n_cand && cand[n_a] < written) n_a++;
+        if (kv->csd && p->beta < 0.0f && !kv->app_probed && n_a > 0) {
+            tr_status st = tr_kv_app_probe(kv, pool, layer, q, scale, cand, n_a, err);
+            if (st) return st;
+            kv->app_beta_first = tr_kv_app_beta(kv);
+        }
         if (kv->csd || p->beta >= 0.0f) {
             const double beta = kv->csd ? tr_kv_app_beta(kv) : (double)p->beta;
             int32_t n_c = (int32_t)lround((double)n_a * beta / (1.0 + beta));
