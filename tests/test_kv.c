@@ -1857,6 +1857,21 @@ static pid_t start_listener(const char *sock) {
     return 0;
 }
 
+/* one decode step at pos through every layer: append, then attend one query row */
+static tr_status decode_step(tr_kv *kv, const data *d, const shp *s, int32_t pos, float *q,
+                             float *o, tr_error *err) {
+    const size_t qn = (size_t)s->nh * s->hdk, on = (size_t)s->nh * s->hdv;
+    tr_status st = TR_OK;
+    for (int32_t l = 0; l < s->nl && !st; l++) {
+        query_make(q, s, pos, 91 + (uint64_t)l, false);
+        st = tr_kv_append(kv, l, pos, dk(d, l, pos), dv(d, l, pos), err);
+        if (!st)
+            st = tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 1.0f / sqrtf((float)s->hdk), NULL,
+                                   0, o, on, err);
+    }
+    return st;
+}
+
 /* the agent started by the user for a shared disk: two sessions served at once by one listener,
  * each bit-identical to host scoring; one session's agent process killed fails that session
  * alone, within a second; a connection with garbage is dropped without harm; a missing socket is
@@ -1927,27 +1942,12 @@ static void test_csd_listen(void) {
         /* session 2's agent process dies: session 2 fails within a second, session 1 goes on */
         kill(a2, SIGKILL);
         const uint64_t t0 = tr_io_now_ns();
-        int32_t pos = N0 + 60;
-        tr_status f2 = TR_OK;
-        for (int32_t l = 0; l < s.nl && !f2; l++) {
-            query_make(q, &s, pos, 91, false);
-            f2 = tr_kv_append(kv[2], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
-            if (!f2)
-                f2 = tr_kv_attend_rows(kv[2], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[2], on,
-                                       &err);
-        }
+        const tr_status f2 = decode_step(kv[2], &d, &s, N0 + 60, q, o[2], &err);
         const double ms = (double)(tr_io_now_ns() - t0) / 1e6;
         TU_CHECK(f2 != TR_OK && strstr(err.msg, "has gone") && ms < 1000.0,
                  "user-started agent killed: status %d after %.0f ms, '%s'", (int)f2, ms, err.msg);
         printf("user-started agent killed: %s (%.0f ms)\n", err.msg, ms);
-        tr_status f1 = TR_OK;
-        for (int32_t l = 0; l < s.nl && !f1; l++) {
-            query_make(q, &s, pos, 91, false);
-            f1 = tr_kv_append(kv[1], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
-            if (!f1)
-                f1 = tr_kv_attend_rows(kv[1], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[1], on,
-                                       &err);
-        }
+        const tr_status f1 = decode_step(kv[1], &d, &s, N0 + 60, q, o[1], &err);
         TU_CHECK(f1 == TR_OK, "the other session after one agent process died: %s", err.msg);
         /* a session that ends ends its agent process; the listener stays */
         tr_kv_free(kv[1]);
