@@ -269,6 +269,7 @@ int main(int argc, char **argv) {
     bool pull_keys = false;
     int tail = 0;
     double tail_min = -1.0; /* < 0: the cache's default */
+    int tail_every = 0;     /* sum 1 in N unselected tokens whatever their share (cost only) */
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
@@ -278,7 +279,7 @@ int main(int argc, char **argv) {
         {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
         {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'}, {"tail", 1, 0, 'T'},
-        {"tail-min", 1, 0, 'M'},   {0, 0, 0, 0}};
+        {"tail-min", 1, 0, 'M'},   {"tail-every", 1, 0, 'V'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'c': cold = optarg; break;
@@ -302,6 +303,7 @@ int main(int argc, char **argv) {
         case 'W': pipe = atoi(optarg); break;
         case 'T': tail = atoi(optarg); break;
         case 'M': tail_min = atof(optarg); break;
+        case 'V': tail_every = atoi(optarg); break;
         case 'U': pull_keys = true; break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
@@ -402,6 +404,7 @@ int main(int argc, char **argv) {
             if (gaps[gi] >= 0) kv[i]->read_gap = gaps[gi];
         for (int i = 0; i < batch && pipe > 0; i++) kv[i]->pipe = pipe;
         for (int i = 0; i < batch; i++) kv[i]->pull_keys = pull_keys;
+        for (int i = 0; i < batch; i++) kv[i]->tail_every = tail_every;
         step_result r;
         if (measure(&B, &r)) return 1;
         tr_kv_stats fin;

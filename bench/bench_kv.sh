@@ -16,6 +16,11 @@
 #   those (with offload and tiered again at each context) and adds them to the last results;
 #   SUPP_ONLY=1 adds just the host-pulls-keys rows and the agent at batch 8 to the last results;
 #   AGENT_ROWS_ONLY=1 adds every row with the agent (each context, batch 8, beta sweep, BKP);
+#   TAIL_MIN_ONLY=1 adds tiered --tail 4 at each --tail-min of TAIL_MINS, and summing 1 in N
+#   unselected tokens whatever their share for each N of TAIL_EVERY (the cost of the tail at the
+#   fractions summed on real models; this fill's shares are too peaked to get there), at each
+#   context;
+#   BETA_ONLY=1 adds just the beta sweep (BETAS, BETA_CTX; drop the old sweep rows first);
 #   TAIL_ONLY=1 adds offload, tiered and tiered with the tail estimate (--tail 4: the unselected
 #   tokens above the uniform share, and --tail-min 0: all of them) at each context
 set -euo pipefail
@@ -60,7 +65,7 @@ dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-
 echo "$dd_gbs" > build/bench/kv-dd.txt
 
 # AGENT_ONLY=1 adds to the last run's results (offload and tiered re-measured next to the agent)
-[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}${TAIL_ONLY:-}" ] || : > "$JSONL"
+[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}${TAIL_ONLY:-}${BETA_ONLY:-}${TAIL_MIN_ONLY:-}" ] || : > "$JSONL"
 run() { # label policy ctx batch [extra bench_kv flags...]
     local label=$1 pol=$2 ctx=$3 batch=$4
     shift 4
@@ -129,7 +134,20 @@ main_rows() { # ctx: offload, tiered, and tiered adding the unselected tokens' e
     run "tiered + tail 4" tiered "$1" 1 --tail 4
     run "tiered + tail 4, all summed" tiered "$1" 1 --tail 4 --tail-min 0
 }
-if [ -n "${TAIL_ONLY:-}" ]; then
+if [ -n "${TAIL_MIN_ONLY:-}" ]; then
+    for ctx in $CTXS; do
+        for tm in ${TAIL_MINS:-}; do
+            run "tiered + tail 4, tail-min $tm" tiered "$ctx" 1 --tail 4 --tail-min "$tm"
+        done
+        for ev in ${TAIL_EVERY:-15 8}; do
+            run "tiered + tail 4, 1 in $ev summed (forced)" tiered "$ctx" 1 --tail 4 --tail-every "$ev"
+        done
+    done
+    rmdir "$CG" 2>/dev/null || true
+elif [ -n "${BETA_ONLY:-}" ]; then
+    beta_sweep
+    rmdir "$CG" 2>/dev/null || true
+elif [ -n "${TAIL_ONLY:-}" ]; then
     for ctx in $CTXS; do main_rows "$ctx"; done
     rmdir "$CG" 2>/dev/null || true
 elif [ -n "${SUPP_ONLY:-}" ]; then
@@ -234,13 +252,15 @@ L.append("")
 L.append("Tiered against offload per decode step (targets at 32K: at most 30% of the bytes, at least 3x faster):\n")
 L.append("| ctx | batch | bytes tiered / offload | speed-up | at 32K |")
 L.append("|---|---|---|---|---|")
-# the main comparison from the first run of each configuration; the agent's rows against the
-# offload and tiered runs measured next to them (the last ones)
-by, by_last = {}, {}
+# the main comparison from the first run of each configuration; the tail's and the agent's rows
+# against the baselines measured last before them (in their own session, where it ran them)
+by, before_row, seen = {}, {}, {}
 for d in rows:
     if "step_ms" in d:
-        by.setdefault((d.get("label", d["policy"]), d["ctx"], d["batch"]), d)
-        by_last[(d.get("label", d["policy"]), d["ctx"], d["batch"])] = d
+        key = (d.get("label", d["policy"]), d["ctx"], d["batch"])
+        by.setdefault(key, d)
+        before_row[id(d)] = dict(seen)
+        seen[key] = d
 for (lab, ctx, b), d in sorted(by.items(), key=lambda x: (x[0][2], x[0][1])):
     if lab != "tiered" or ("offload", ctx, b) not in by: continue
     o = by[("offload", ctx, b)]
@@ -251,14 +271,11 @@ for (lab, ctx, b), d in sorted(by.items(), key=lambda x: (x[0][2], x[0][1])):
         tgt = ("bytes " + ("met" if br <= 0.30 else "MISSED") + ", speed " + ("met" if sp >= 3 else "MISSED"))
     L.append(f"| {ctx} | {b} | {100 * br:.1f}% | {sp:.2f}x | {tgt} |")
 L.append("")
-# each tail row against the offload and tiered rows run just before it (TAIL_ONLY: same run)
-tl, before = [], {}
+tl = []
 for d in rows:
-    if "step_ms" not in d: continue
-    lab, key = d.get("label", d["policy"]), (d["ctx"], d["batch"])
-    if lab in ("offload", "tiered"): before[(lab,) + key] = d
-    if d.get("tail") and ("offload",) + key in before and ("tiered",) + key in before:
-        tl.append((d, before[("offload",) + key], before[("tiered",) + key]))
+    if "step_ms" not in d or not d.get("tail"): continue
+    o, t = (before_row[id(d)].get((lab, d["ctx"], d["batch"])) for lab in ("offload", "tiered"))
+    if o and t: tl.append((d, o, t))
 if tl:
     L.append("With the tail estimate (`--tail 4`: tiered as above, and each head's output completed "
              "with the unselected tokens' share, weighted from their scores, over a 4-bit copy of "
@@ -266,9 +283,11 @@ if tl:
              "uniform one are summed, `--tail-min 0` sums all of them), against the offload and "
              "tiered rows measured just before it. \"summed\": the fraction of the unselected "
              "(token, KV head) pairs summed. The synthetic fill's anchors draw most of the "
-             "attention, so few unselected tokens reach the uniform share here; on the real models "
-             "of kv-quality.md 2-12 % do (see the README), so the \"all summed\" row bounds the cost "
-             "from above.\n")
+             "attention, so none of the unselected tokens reach the uniform share here; on the real "
+             "models of kv-quality.md, at alpha 0.2, 1.7 % (SmolLM2) and 6.6 % (Qwen2.5) do. The "
+             "\"1 in N summed (forced)\" rows (`TAIL_MIN_ONLY=1`, `--tail-every N`) also sum every "
+             "N-th unselected token whatever its share, to show the cost at those fractions; the "
+             "\"all summed\" row bounds it from above.\n")
     L.append("| run | ctx | batch | summed | step ms | vs offload | vs tiered | tiered vs offload, same run | select ms (tiered) | bytes / offload | DRAM plan GiB (tiered) |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for d, o, t in tl:
@@ -300,9 +319,10 @@ if ag:
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d in ag:
         lab, ctx, bt = d.get("label", d["policy"]), d["ctx"], d["batch"]
-        o = by_last.get(("offload", ctx, bt))
-        t = by_last.get(("tiered", ctx, bt))
-        pk = by_last.get(("tiered, keys pulled from storage", ctx, bt))
+        # the baselines measured before this row (its own session or the last before it)
+        o = before_row[id(d)].get(("offload", ctx, bt))
+        t = before_row[id(d)].get(("tiered", ctx, bt))
+        pk = before_row[id(d)].get(("tiered, keys pulled from storage", ctx, bt))
         cold_kv = bt * ctx * (1 - 1 / 16) * 32 * 16384
         sc, rw = d.get("csd_score_bytes", 0), d.get("csd_row_bytes", 0)
         L.append(f"| {lab} | {ctx} | {bt} | {d['step_ms']:.0f} | {g(d['bytes_read']):.2f} | ")

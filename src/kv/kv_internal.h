@@ -137,6 +137,8 @@ struct tr_kv {
     float *tail_o, *tail_e;
     int32_t *tail_idx, *tail_n; /* [n_kv][n_ctx]: the positions summed per KV head; their count */
     uint64_t tail_cand, tail_kept; /* statistics: unselected (token, KV head) pairs, summed ones */
+    int32_t tail_every; /* benchmarks: also sum every tail_every-th unselected token whatever its
+                           share (the cost at a given fraction summed); 0: off */
     bool tail_row;
     uint64_t tail_rows; /* statistics: rows completed, their summed mean share */
     double tail_share_sum;

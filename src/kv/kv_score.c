@@ -410,7 +410,8 @@ static void tail_weights_task(void *ctx, int ith, int nth) {
                     hs[n] = hs[i] * hz[2 * u + ab];
                     m = tr_kv_maxf(m, hs[n]);
                 }
-                if (m >= j->min_share) idx[n++] = j->cand[i];
+                if (m >= j->min_share || (kv->tail_every && x % kv->tail_every == 0))
+                    idx[n++] = j->cand[i];
             }
             kv->tail_n[g] = n;
             for (int32_t u = 0; u < G; u++) {
