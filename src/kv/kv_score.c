@@ -373,8 +373,9 @@ void tr_kv_score_tokens(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q,
  * so their share goes back to the attended tokens as without the tail. At tail_min 1 (SmolLM2,
  * 4K, alpha 0.1, one chunk) 3.5 % of the unselected tokens are summed and perplexity is 7.419
  * against 7.389 summing all of them and 7.406 for full (Qwen2.5: 12 %, 13.824 / 13.752 / 13.788);
- * the pass over the value copy, ~1/3 of a 32K step's CPU when it summed all of them, shrinks in
- * proportion. */
+ * the pass over the value copy, ~1/3 of a 32K step's CPU when it summed all of them, shrinks
+ * with the fraction summed, if less than in proportion: scattered rows cost more each (32K
+ * benchmark: +0.98 s summing all, +0.15 s summing 6.7 %, bench/results/kv.md). */
 typedef struct tail_job {
     tr_kv *kv;
     const tr_kv_layer *L;
