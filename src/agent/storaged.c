@@ -26,7 +26,6 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <poll.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -290,16 +289,9 @@ static int do_rows(agent *g, tr_csd_req *r) {
     return 0;
 }
 
-/* whether the runtime we serve is still there: our parent, or the other end of the connection
- * (the runtime never writes to it: readable means closed) */
+/* whether the runtime we serve is still there: our parent, or the other end of the connection */
 static bool host_alive(pid_t host, int sock) {
-    if (sock < 0) return getppid() == host;
-    struct pollfd pf = {.fd = sock, .events = POLLIN};
-    if (poll(&pf, 1, 0) <= 0) return true;
-    char b;
-    const ssize_t r = recv(sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return !(r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) ||
-             (pf.revents & (POLLHUP | POLLERR)));
+    return sock < 0 ? getppid() == host : !tr_csd_sock_closed(sock);
 }
 
 /* serves the region at descriptor 3 until QUIT or until the runtime goes */

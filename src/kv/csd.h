@@ -39,9 +39,13 @@
 #ifndef TR_KV_CSD_H
 #define TR_KV_CSD_H
 
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
 #define TR_CSD_VERSION 5
@@ -62,6 +66,17 @@ typedef struct tr_csd_hello {
     int32_t host_pid; /* for the agent's messages */
     int32_t n_fd;     /* the region, then one segment file per layer */
 } tr_csd_hello;
+
+/* whether the other end of a user-started agent's connection has gone: neither side ever writes
+ * to it after the handshake, so readable means closed */
+static inline bool tr_csd_sock_closed(int fd) {
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 0) <= 0) return false;
+    char b;
+    const ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) ||
+           (pf.revents & (POLLHUP | POLLERR));
+}
 
 enum { TR_CSD_OP_SCORE = 1, TR_CSD_OP_FINISH, TR_CSD_OP_ROWS, TR_CSD_OP_QUIT };
 

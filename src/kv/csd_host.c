@@ -8,7 +8,6 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
-#include <poll.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,21 +48,11 @@ static tr_status dead(tr_kv *kv, tr_error *err) {
     return tr_fail(err, TR_E_IO, "%s", kv->csd_dead);
 }
 
-/* a user-started agent: the connection closed (the agent never writes to it) */
-static bool sock_closed(int fd) {
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    if (poll(&pf, 1, 0) <= 0) return false;
-    char b;
-    const ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) ||
-           (pf.revents & (POLLHUP | POLLERR));
-}
-
 /* true if the agent has gone (its exit recorded in kv->csd_dead) */
 static bool agent_gone(tr_kv *kv) {
     if (kv->csd_dead[0]) return true;
     if (kv->csd_sock >= 0) {
-        if (!sock_closed(kv->csd_sock)) return false;
+        if (!tr_csd_sock_closed(kv->csd_sock)) return false;
         snprintf(kv->csd_dead, sizeof kv->csd_dead,
                  "KV storage agent (terrace-storaged, %s) has gone (its connection closed): the "
                  "cold pool is unavailable",
@@ -370,35 +359,27 @@ tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err) {
 }
 
 void tr_kv_csd_stop(tr_kv *kv) {
-    if (kv->csd_sock >= 0 && kv->csd_ctl && !kv->csd_dead[0]) {
-        /* a user-started agent's process for this session ends; the listener stays */
-        tr_csd_req q = {.op = TR_CSD_OP_QUIT};
-        uint64_t seq;
-        const uint64_t t0 = tr_io_now_ns();
-        if (!post(kv, &q, &seq, NULL))
-            while (!sock_closed(kv->csd_sock) && tr_io_now_ns() - t0 < 2000000000ull)
-                usleep(1000);
-    }
-    if (kv->csd_sock >= 0) { /* an agent still serving notices the close within a second */
-        close(kv->csd_sock);
-        kv->csd_sock = -1;
-    }
-    if (kv->csd_pid > 0 && kv->csd_ctl && !kv->csd_dead[0]) {
+    /* the process serving this session ends (a user-started agent's listener stays): our child
+     * when it exits, a user-started one when it closes the connection; up to 2 s */
+    if ((kv->csd_pid > 0 || kv->csd_sock >= 0) && kv->csd_ctl && !kv->csd_dead[0]) {
         tr_csd_req q = {.op = TR_CSD_OP_QUIT};
         uint64_t seq;
         if (!post(kv, &q, &seq, NULL)) {
             const uint64_t t0 = tr_io_now_ns();
             int ws;
-            while (waitpid(kv->csd_pid, &ws, WNOHANG) == 0) {
-                if (tr_io_now_ns() - t0 > 2000000000ull) {
-                    kill(kv->csd_pid, SIGKILL);
-                    waitpid(kv->csd_pid, &ws, 0);
+            while (tr_io_now_ns() - t0 <= 2000000000ull) {
+                if (kv->csd_pid > 0 ? waitpid(kv->csd_pid, &ws, WNOHANG) != 0
+                                    : tr_csd_sock_closed(kv->csd_sock)) {
+                    kv->csd_pid = 0;
                     break;
                 }
                 usleep(1000);
             }
-            kv->csd_pid = 0;
         }
+    }
+    if (kv->csd_sock >= 0) { /* one still serving notices the close within a second */
+        close(kv->csd_sock);
+        kv->csd_sock = -1;
     }
     if (kv->csd_pid > 0) { /* not answering */
         int ws;
@@ -432,6 +413,22 @@ void tr_kv_csd_counters(const tr_kv *kv, uint64_t *scores, uint64_t *rows, uint6
 
 /* ---- scoring ---------------------------------------------------------------------------------- */
 
+/* a SCORE of positions [a, b) of the layer (the query already in the region), telling the agent
+ * which of its copies of the layer's key pages went stale since its last request */
+static tr_status post_score(tr_kv *kv, int32_t layer, int32_t a, int32_t b, float scale,
+                            uint64_t *seq, tr_error *err) {
+    tr_kv_layer *L = &kv->layers[layer];
+    const tr_csd_req r = {.op = TR_CSD_OP_SCORE,
+                          .layer = layer,
+                          .a = a,
+                          .b = b,
+                          .scale = scale,
+                          .inval_from = L->csd_inval == INT32_MAX ? -1 : L->csd_inval};
+    const tr_status st = post(kv, &r, seq, err);
+    if (!st) L->csd_inval = INT32_MAX;
+    return st;
+}
+
 tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
                           const int32_t *cand, int32_t n, int32_t n_a, float *out, tr_error *err) {
     tr_csd_ctl *c = kv->csd_ctl;
@@ -444,17 +441,9 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     tr_kv_prepare_query(kv, layer, q);
     memcpy(base + c->off_q8, kv->q8, (size_t)nh * kv->q8row);
     const uint64_t agent0 = atomic_load(&c->score_ns);
-    tr_kv_layer *L = &kv->layers[layer];
-    tr_csd_req r = {.op = TR_CSD_OP_SCORE,
-                    .layer = layer,
-                    .a = a,
-                    .b = b,
-                    .scale = scale,
-                    .inval_from = L->csd_inval == INT32_MAX ? -1 : L->csd_inval};
     uint64_t seq;
-    tr_status st = post(kv, &r, &seq, err);
+    tr_status st = post_score(kv, layer, a, b, scale, &seq, err);
     if (st) return st;
-    L->csd_inval = INT32_MAX;
     /* group B on the host while the agent scores group A */
     const size_t stride = (size_t)n;
     const uint64_t h0 = tr_io_now_ns();
@@ -470,8 +459,8 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     tr_kv_group_merge(nh, m_a, z_a, m_b, z_b, c_a, c_b);
     memcpy(base + c->off_c, c_a, (size_t)nh * 4);
     atomic_store(&c->produced, 0);
-    r.op = TR_CSD_OP_FINISH;
-    if ((st = post(kv, &r, &seq, err))) return st;
+    const tr_csd_req fin = {.op = TR_CSD_OP_FINISH, .layer = layer, .a = a, .b = b};
+    if ((st = post(kv, &fin, &seq, err))) return st;
     const uint64_t h1 = tr_io_now_ns();
     tr_kv_group_score(kv->hs, stride, nh, c_b, 1, n_a, n, out);
     host_ns += tr_io_now_ns() - h1;
@@ -550,16 +539,11 @@ tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
         memcpy((uint8_t *)c + c->off_q8, kv->q8, (size_t)kv->shape.n_head * kv->q8row);
         uint64_t s0 = 0;
         for (int pass = 0; pass < 2; pass++) {
-            tr_csd_req r = {.op = TR_CSD_OP_SCORE,
-                            .layer = layer,
-                            .a = cand[0],
-                            .b = cand[0] + m,
-                            .scale = scale,
-                            .inval_from = L->csd_inval == INT32_MAX ? -1 : L->csd_inval};
             uint64_t seq;
             s0 = atomic_load(&c->score_ns);
-            if ((st = post(kv, &r, &seq, err)) || (st = wait_done(kv, seq, err))) return st;
-            L->csd_inval = INT32_MAX;
+            if ((st = post_score(kv, layer, cand[0], cand[0] + m, scale, &seq, err)) ||
+                (st = wait_done(kv, seq, err)))
+                return st;
         }
         kv->app_ts = (double)(atomic_load(&c->score_ns) - s0) / m;
     }
