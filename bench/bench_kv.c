@@ -422,7 +422,7 @@ int main(int argc, char **argv) {
                "\"csd_score_bytes\": %.0f, \"csd_row_bytes\": %.0f, \"csd_storage_bytes\": %.0f, "
                "\"promotions\": %.1f, \"demotions\": %.1f, \"pingpong\": %.1f, "
                "\"migrated_bytes\": %.0f, \"hot_hit_rate\": %.4f, \"csd_mem_bytes\": %llu, "
-               "\"beta_set\": %g, \"beta\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
+               "\"beta_set\": %g, \"beta\": %.4f, \"beta_split\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
                "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
@@ -438,7 +438,7 @@ int main(int argc, char **argv) {
                bkp, csd ? "true" : "false", csd_gbps, csd_gflops, csd_link, r.csd_scores,
                r.csd_rows, r.csd_storage, r.promotions, r.demotions, r.pingpong, r.migrated,
                r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
-               (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.f_c, fin.f_s, fin.b_c,
+               (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.beta_split, fin.f_c, fin.f_s, fin.b_c,
                fin.b_s, fin.alpha_c, fin.alpha_s);
         fflush(stdout);
     }

@@ -114,7 +114,7 @@ agent_rows() { # ctx: the agent unthrottled and SmartSSD-like
 }
 beta_sweep() { # APP: latency against beta (host / agent share of the scoring), SmartSSD-like
     local beta
-    for beta in ${BETAS:-0 0.25 0.5 1 2 4 8}; do
+    for beta in ${BETAS:-0 0.0125 0.025 0.05 0.1 1}; do
         run "beta sweep, beta $beta" tiered "${BETA_CTX:-16384}" 1 "${SSD[@]}" --beta "$beta"
     done
     run "beta sweep, beta from APP" tiered "${BETA_CTX:-16384}" 1 "${SSD[@]}" --steps 8
@@ -255,6 +255,7 @@ L.append("|---|---|---|---|---|")
 # the main comparison from the first run of each configuration; the tail's and the agent's rows
 # against the baselines measured last before them (in their own session, where it ran them)
 by, before_row, seen = {}, {}, {}
+idx = {id(d): i for i, d in enumerate(rows)}
 for d in rows:
     if "step_ms" in d:
         key = (d.get("label", d["policy"]), d["ctx"], d["batch"])
@@ -322,7 +323,12 @@ if ag:
         # the baselines measured before this row (its own session or the last before it)
         o = before_row[id(d)].get(("offload", ctx, bt))
         t = before_row[id(d)].get(("tiered", ctx, bt))
-        pk = before_row[id(d)].get(("tiered, keys pulled from storage", ctx, bt))
+        # host scoring that pulls keys: the run of it nearest this row (AGENT_ONLY measures it
+        # just after the agent's rows at each context)
+        pks = [(abs(i - idx[id(d)]), i > idx[id(d)], r) for i, r in enumerate(rows)
+               if "step_ms" in r and r.get("label") == "tiered, keys pulled from storage"
+               and r["ctx"] == ctx and r["batch"] == bt]
+        pk = min(pks, key=lambda x: x[:2])[2] if pks else None
         cold_kv = bt * ctx * (1 - 1 / 16) * 32 * 16384
         sc, rw = d.get("csd_score_bytes", 0), d.get("csd_row_bytes", 0)
         L.append(f"| {lab} | {ctx} | {bt} | {d['step_ms']:.0f} | {g(d['bytes_read']):.2f} | ")
@@ -338,15 +344,19 @@ sw = [d for d in rows if "step_ms" in d and d.get("label", "").startswith("beta 
 if sw:
     L.append("## APP: step latency against beta\n")
     L.append("beta = tokens scored by the host / tokens scored by the agent among those on storage "
-             "(the host takes the most recent; its share capped by the hot pool). The agent "
+             "(the host takes the most recent). The host's share is capped by its budget, the hot "
+             "pool's tokens (M_0): \"split\" is the beta in effect once capped (at 16K the cap "
+             "is about 0.067, so every beta above it gives the same split). The agent "
              "SmartSSD-like (as above). \"from APP\": beta chosen every step from the measured "
              "rates (host and agent scoring rate f_c, f_s; hot-pool copy and agent row rates B_c, "
              "B_s; each part's selected fraction), its last value shown.\n")
-    L.append("| beta | ctx | step ms | f_c M tok/s | f_s M tok/s | B_c GB/s | B_s GB/s | alpha_c / alpha_s | load |")
-    L.append("|---|---|---|---|---|---|---|---|---|")
+    L.append("| beta | split | ctx | step ms (min) | f_c M tok/s | f_s M tok/s | B_c GB/s | B_s GB/s | alpha_c / alpha_s | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    spl = lambda d: d.get("beta_split", d["beta"])
     for d in sw:
         auto = d.get("beta_set", -1) < 0
-        L.append(f"| {'APP: ' if auto else ''}{d['beta']:.2f} | {d['ctx']} | {d['step_ms']:.0f} | "
+        L.append(f"| {'APP: ' if auto else ''}{d['beta']:.4g} | {spl(d):.3f} | {d['ctx']} | "
+                 f"{d['step_ms']:.0f} ({d['step_ms_min']:.0f}) | "
                  f"{d['f_c'] / 1e6:.2f} | {d['f_s'] / 1e6:.2f} | {d['b_c'] / 1e9:.1f} | "
                  f"{d['b_s'] / 1e9:.2f} | {d['alpha_c']:.3f} / {d['alpha_s']:.3f} | "
                  f"{d['load_before']:.1f}/{d['load_after']:.1f} |")
@@ -356,8 +366,9 @@ if sw:
         best = min(fixed, key=lambda d: d["step_ms"])
         a = autos[-1]
         L.append("")
-        L.append(f"Sweep minimum at beta {best['beta']:.2f} ({best['step_ms']:.0f} ms); APP chose "
-                 f"beta {a['beta']:.2f} ({a['step_ms']:.0f} ms, "
+        L.append(f"Sweep minimum at beta {best['beta']:.4g}, split {spl(best):.3f} "
+                 f"({best['step_ms']:.0f} ms); APP chose beta {a['beta']:.2f}, split "
+                 f"{spl(a):.3f} ({a['step_ms']:.0f} ms, "
                  f"{100 * (a['step_ms'] / best['step_ms'] - 1):+.0f}% against the minimum).")
     L.append("")
 # hand-written notes below the marker survive a re-run

@@ -4,8 +4,8 @@
   bench/results/kv-steps.png  decode-step time against context, batch 1, for offload, host scoring
                               pulling the keys from storage, tiered (host scoring from DRAM), and
                               tiered with the storage agent (unthrottled and SmartSSD-like)
-  bench/results/kv-beta.png   step time against beta (host / agent share of the scoring) with the
-                              beta APP chose marked
+  bench/results/kv-beta.png   step time against the host / agent split of the scoring (beta once
+                              the host budget caps it) with APP's marked
 
 usage: plot_kv.py [RESULTS.jsonl] [OUTDIR]     (needs matplotlib)
 """
@@ -60,22 +60,24 @@ finish(fig, ax, "context (tokens)", "decode step, ms (32 layers)",
        "KV decode step, 7B-like attention, most KV on disk (alpha 0.2)", "kv-steps.png")
 
 sw = [d for d in rows if d.get("label", "").startswith("beta sweep")]
-fixed = sorted((d["beta"], d["step_ms"]) for d in sw if d.get("beta_set", -1) >= 0)
+# the split used: beta once the host's share is capped by its budget (rows before beta_split was
+# recorded: the beta asked for)
+split = lambda d: d.get("beta_split", d["beta"])
+fixed = sorted((split(d), d["step_ms"], d["beta"]) for d in sw if d.get("beta_set", -1) >= 0)
 auto = [d for d in sw if d.get("beta_set", -1) < 0]
 if fixed:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [max(b, 0.05) for b, _ in fixed]  # beta 0 drawn at 0.05 on the log axis
-    ax.plot(xs, [ms for _, ms in fixed], marker="o", color="tab:blue", label="fixed beta (--kv-beta)")
+    ax.plot([x for x, _, _ in fixed], [ms for _, ms, _ in fixed], marker="o", color="tab:blue",
+            label="fixed beta (--kv-beta), at the split it gives")
     if auto:
         a = auto[-1]
-        ax.axvline(max(a["beta"], 0.05), color="tab:green", ls="--",
-                   label=f"APP's beta {a['beta']:.2f} ({a['step_ms']:.0f} ms)")
-        ax.plot([max(a["beta"], 0.05)], [a["step_ms"]], marker="*", ms=14, color="tab:green")
+        ax.axvline(split(a), color="tab:green", ls="--",
+                   label=f"APP: beta {a['beta']:.2f}, split {split(a):.3f} ({a['step_ms']:.0f} ms)")
+        ax.plot([split(a)], [a["step_ms"]], marker="*", ms=14, color="tab:green")
     best = min(fixed, key=lambda x: x[1])
-    ax.plot([max(best[0], 0.05)], [best[1]], marker="o", ms=12, mfc="none", color="tab:red",
-            label=f"sweep minimum: beta {best[0]:g} ({best[1]:.0f} ms)")
-    ax.set_xscale("log")
-    finish(fig, ax, "beta = host-scored / agent-scored tokens on storage (0 drawn at 0.05)",
-           "decode step, ms",
-           f"APP: step time against beta, {sw[0]['ctx'] // 1024}K, agent SmartSSD-like",
+    ax.plot([best[0]], [best[1]], marker="o", ms=12, mfc="none", color="tab:red",
+            label=f"sweep minimum: beta {best[2]:g}, split {best[0]:.3f} ({best[1]:.0f} ms)")
+    finish(fig, ax, "split used = host-scored / agent-scored tokens on storage (host share "
+           "capped by the hot pool)", "decode step, ms",
+           f"APP: step time against the split, {sw[0]['ctx'] // 1024}K, agent SmartSSD-like",
            "kv-beta.png")

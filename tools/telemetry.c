@@ -120,7 +120,8 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                     "\"kv_score_ms\": %.3f, \"kv_attn_ms\": %.3f, \"kv_promotions\": %llu, "
                     "\"kv_demotions\": %llu, \"kv_pingpong\": %llu, \"kv_migrated_bytes\": %llu, "
                     "\"kv_hot_hit_rate\": %.5f, \"kv_agent_score_bytes\": %llu, "
-                    "\"kv_agent_row_bytes\": %llu, \"kv_beta\": %.4f, \"kv_f_c\": %.0f, "
+                    "\"kv_agent_row_bytes\": %llu, \"kv_beta\": %.4f, \"kv_beta_split\": %.4f, "
+                    "\"kv_f_c\": %.0f, "
                     "\"kv_f_s\": %.0f, \"kv_b_c\": %.0f, \"kv_b_s\": %.0f, \"kv_tail_share\": %.5f, "
                     "\"kv_tail_kept\": %.5f",
                     kv.policy, (long long)kv.tokens, (unsigned long long)kv.hot_bytes,
@@ -132,7 +133,7 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                         ? (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold)
                         : 0.0,
                     (unsigned long long)kv.csd_score_bytes, (unsigned long long)kv.csd_row_bytes,
-                    kv.beta, kv.f_c, kv.f_s, kv.b_c, kv.b_s, kv.tail_share,
+                    kv.beta, kv.beta_split, kv.f_c, kv.f_s, kv.b_c, kv.b_s, kv.tail_share,
                     kv.tail_kept);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);

@@ -7,8 +7,10 @@
  * process per session that serves it the same way, until QUIT or until the connection closes.
  *
  * Memory: its own buffers only, sized at start from the geometry and reported in the region
- * (mem_bytes): one layer's per-head scores for the context (n_head x n_ctx floats), one chunk's
- * pages of key copies and trailers, one chunk's aggregated scores.
+ * (mem_bytes): one layer's per-head scores for the context (n_head x n_ctx floats), its copy of
+ * the key copies (reserved, filled as pages are first scored) and one layer's pages as read, one
+ * chunk's aggregated scores and a staging area as large as the working set, where rows are read
+ * and verified.
  *
  * Throttles (0: none) emulate a slower device: each chunk of scoring takes at least
  * max(bytes read / gbps, 2 x head_dim x heads x tokens / gflops), and each block sent to the host
@@ -44,8 +46,12 @@ typedef struct agent {
     size_t pregion; /* bytes of one page's key copy + trailer */
     size_t pstride; /* pregion rounded up to 4 KiB (O_DIRECT) */
     /* the agent's own copy of the key copies (its "device DRAM"): every page it has read and
-     * verified once, [layer][page] at pstride; reserved, filled as pages are first scored */
+     * verified once, rearranged as the host keeps them, [layer][KV head][position] rows of qrow
+     * bytes, so each head's keys are one stream for the row kernel (in the pages' own order,
+     * [position][KV head], a head's rows are nkv rows apart and scoring took twice as long);
+     * reserved, filled as pages are first scored */
     uint8_t *keys;
+    uint8_t *raw; /* [page] at pstride: one layer's pages as read, until verified */
     uint8_t *loaded; /* [layer][page] */
     int32_t n_pages;
     float *tmp;     /* [chunk] */
@@ -61,11 +67,24 @@ typedef struct agent {
     char msg[TR_CSD_MSG];
     tr_csd_req *cur;
     const uint64_t *hashes;
-    int32_t *iota; /* [page_tokens]: 0, 1, ... (row indices within a page) */
+    int32_t *iota; /* [n_ctx]: 0, 1, ... (the positions, as row indices) */
+    /* rows land here first, the device's own DRAM, then cross to the working set in the shared
+     * region (the link transfer). O_DIRECT reads into shmem's 4 KiB pages cost more per read
+     * than into anonymous memory on 2 MiB pages, and shmem gets no transparent huge pages by
+     * default (shmem_enabled = never). Measured at 8K (0.76 GiB of rows a step): the agent's
+     * I/O wait went from 596-636 to 477-493 ms with this area; the host's own reads, with its
+     * working set moved into a shared mapping as a test, went from 461-473 to 539-564 ms */
+    uint8_t *stage;
+    size_t stage_bytes;
+    /* the current row request's parts: slot ends, reads outstanding (under mu) */
+    int32_t n_parts, part_end[TR_CSD_PARTS];
+    int64_t part_pending[TR_CSD_PARTS];
 } agent;
 
-static uint8_t *page_keys(agent *g, int32_t layer, int32_t page) {
-    return g->keys + ((size_t)layer * (size_t)g->n_pages + (size_t)page) * g->pstride;
+/* a KV head's key rows of a layer */
+static uint8_t *head_keys(const agent *g, int32_t layer, int32_t kh) {
+    const tr_csd_ctl *c = g->c;
+    return g->keys + ((size_t)layer * (size_t)c->n_head_kv + (size_t)kh) * (size_t)c->n_ctx * c->qrow;
 }
 
 static void pace(uint64_t t0, double seconds) {
@@ -103,13 +122,20 @@ static void io_done(void *ctx, tr_io_job *j) {
                  (unsigned long long)j->offset, j->err ? strerror(j->err) : "short read");
     } else if (j->sub == UINT32_MAX) { /* a page's key copy and trailer */
         const int32_t page = (int32_t)(j->owner & 0xffffff);
-        if (!tr_kv_key_copy_ok(j->dst, c->page_toff - c->page_qoff, layer, page))
+        if (!tr_kv_key_copy_ok(j->dst, c->page_toff - c->page_qoff, layer, page)) {
             snprintf(msg, sizeof msg,
                      "checksum mismatch in the key copy of layer %d, page %d: the file was "
                      "changed or the storage is failing",
                      layer, page);
-        else
+        } else { /* [position][KV head] -> [KV head][position] */
+            const int32_t nkv = c->n_head_kv;
+            for (int32_t kh = 0; kh < nkv; kh++)
+                for (int32_t i = 0; i < P && page * P + i < c->n_ctx; i++)
+                    memcpy(head_keys(g, layer, kh) + ((size_t)page * P + (size_t)i) * c->qrow,
+                           (const uint8_t *)j->dst + ((size_t)i * nkv + (size_t)kh) * c->qrow,
+                           c->qrow);
             g->loaded[(size_t)layer * (size_t)g->n_pages + (size_t)page] = 1;
+        }
     } else { /* a run of records: sub = index of its first hash, owner low bits = its position */
         const int32_t pos = (int32_t)(j->owner & 0xffffff);
         const int32_t n = (int32_t)(j->len / c->rec);
@@ -120,23 +146,38 @@ static void io_done(void *ctx, tr_io_job *j) {
                          "checksum mismatch in layer %d, page %d (position %d): the file was "
                          "changed or the storage is failing",
                          layer, (pos + k) / P, pos + k);
+        /* verified: across to the working set, while the records are still in this core's
+         * cache from the hash */
+        if (!msg[0])
+            memcpy(g->base + c->off_ws + ((const uint8_t *)j->dst - g->stage), j->dst, j->len);
+    }
+    int part = -1; /* a row run's part: the first whose end is past its slot */
+    if (j->sub != UINT32_MAX) {
+        const int32_t slot = (int32_t)(((const uint8_t *)j->dst - g->stage) / c->rec);
+        for (part = 0; part + 1 < g->n_parts && slot >= g->part_end[part]; part++) {
+        }
     }
     pthread_mutex_lock(&g->mu);
     if (msg[0] && !g->failed) {
         g->failed = 1;
         memcpy(g->msg, msg, sizeof msg);
     }
-    if (--g->pending == 0) pthread_cond_broadcast(&g->cv);
+    const bool part_done = part >= 0 && --g->part_pending[part] == 0;
+    if (--g->pending == 0 || part_done || msg[0]) pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
 
-static int run_jobs(agent *g, tr_csd_req *r, int32_t n) {
-    if (!n) return 0;
+static void submit_jobs(agent *g, int32_t n) {
     g->failed = 0;
     g->pending = n;
     for (int32_t i = 0; i + 1 < n; i++) g->jobs[i].next = &g->jobs[i + 1];
     g->jobs[n - 1].next = NULL;
     tr_io_pool_submit(g->io, &g->jobs[0], &g->jobs[n - 1]);
+}
+
+static int run_jobs(agent *g, tr_csd_req *r, int32_t n) {
+    if (!n) return 0;
+    submit_jobs(g, n);
     pthread_mutex_lock(&g->mu);
     while (g->pending > 0) pthread_cond_wait(&g->cv, &g->mu);
     pthread_mutex_unlock(&g->mu);
@@ -148,6 +189,7 @@ typedef struct score_ctx {
     agent *g;
     const tr_csd_req *r;
     atomic_int_fast64_t next;
+    int32_t n;
 } score_ctx;
 
 static void score_task(void *ctx, int ith, int nth) {
@@ -158,27 +200,38 @@ static void score_task(void *ctx, int ith, int nth) {
     const tr_csd_ctl *c = g->c;
     const tr_csd_req *r = s->r;
     const int32_t nh = c->n_head, nkv = c->n_head_kv, G = nh / nkv, pad = c->hdk_pad;
-    const int32_t a = r->a, n = r->b - r->a, P = c->page_tokens;
+    const int32_t a = r->a, n = r->b - r->a;
     const uint8_t *q8 = g->base + c->off_q8;
-    enum { CHUNK = 64 };
+    enum { CHUNK = 256 };
     float v[CHUNK];
     int64_t b, e;
-    /* the same row kernel as the host's scoring (kv_score.c), so the scores are bit-identical;
-     * within a page one KV head's rows are nkv rows apart */
+    /* the same row kernel on the same layout as the host's scoring (kv_score.c), so the scores
+     * are bit-identical */
     while (tr_claim(&s->next, n, CHUNK, &b, &e))
         for (int32_t kh = 0; kh < nkv; kh++)
             for (int32_t h = kh * G; h < (kh + 1) * G; h++) {
-                const uint8_t *qh = q8 + (size_t)h * c->q8row;
+                tr_dot_rows(g->kern, (tr_type)c->qtype, pad, e - b, v,
+                            head_keys(g, r->layer, kh), c->qrow, g->iota + a + b,
+                            q8 + (size_t)h * c->q8row);
                 float *hs = g->hs + (size_t)h * (size_t)n;
-                for (int64_t i = b, cnt; i < e; i += cnt) {
-                    const int32_t t = a + (int32_t)i, off = t % P;
-                    cnt = e - i < P - off ? e - i : P - off;
-                    tr_dot_rows(g->kern, (tr_type)c->qtype, pad, cnt, v,
-                                page_keys(g, r->layer, t / P) + (size_t)kh * c->qrow,
-                                (size_t)nkv * c->qrow, g->iota + off, qh);
-                    for (int64_t k = 0; k < cnt; k++) hs[i + k] = v[k] * r->scale;
-                }
+                for (int64_t i = b; i < e; i++) hs[i] = v[i - b] * r->scale;
             }
+}
+
+/* per head: the max and the sum of exponentials (the scores replaced by them), on every
+ * scoring thread */
+static void stats_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    score_ctx *s = ctx;
+    agent *g = s->g;
+    const tr_csd_ctl *c = g->c;
+    const int32_t nh = c->n_head;
+    float *m = (float *)(g->base + c->off_stats);
+    double *z = (double *)(g->base + c->off_stats + (uint64_t)nh * 4);
+    int64_t b, e;
+    while (tr_claim(&s->next, nh, 1, &b, &e))
+        tr_kv_group_stats(g->hs + (size_t)b * (size_t)s->n, s->n, &m[b], &z[b]);
 }
 
 static int do_score(agent *g, tr_csd_req *r) {
@@ -202,20 +255,19 @@ static int do_score(agent *g, tr_csd_req *r) {
             .offset = c->data_off + (uint64_t)pg * c->page_bytes + c->page_qoff,
             .len = g->pregion,
             .need = g->pregion,
-            .dst = page_keys(g, r->layer, pg),
+            .dst = g->raw + (size_t)pg * g->pstride,
             .owner = ((uint32_t)r->layer << 24) | (uint32_t)pg,
             .sub = UINT32_MAX};
         bytes += g->pregion;
     }
     if (run_jobs(g, r, nj)) return -1;
-    score_ctx sc = {.g = g, .r = r};
+    score_ctx sc = {.g = g, .r = r, .n = n};
     atomic_init(&sc.next, 0);
     tr_pool_run(g->pool, score_task, &sc);
     const double flops = 2.0 * pad * nh * (double)n;
     pace(t0, fmax(rate_time((double)bytes, c->gbps), c->gflops > 0 ? flops / (c->gflops * 1e9) : 0));
-    float *m = (float *)(g->base + c->off_stats);
-    double *z = (double *)(g->base + c->off_stats + (uint64_t)nh * 4);
-    for (int32_t h = 0; h < nh; h++) tr_kv_group_stats(g->hs + (size_t)h * n, n, &m[h], &z[h]);
+    atomic_store(&sc.next, 0);
+    tr_pool_run(g->pool, stats_task, &sc);
     atomic_fetch_add(&g->c->bytes_scores, (uint64_t)nh * 12);
     atomic_fetch_add(&g->c->busy_ns, tr_io_now_ns() - t0);
     atomic_fetch_add(&g->c->score_ns, tr_io_now_ns() - t0);
@@ -256,33 +308,65 @@ static int do_finish(agent *g, tr_csd_req *r) {
 static int do_rows(agent *g, tr_csd_req *r) {
     tr_csd_ctl *c = g->c;
     if (r->layer < 0 || r->layer >= c->n_layer || r->which < 0 || r->which >= TR_CSD_AREAS || r->n_runs < 0 ||
-        r->n_runs > c->ws_cap)
-        return fail(r, TR_E_ARG, "rows request: layer %d, %d runs", r->layer, r->n_runs);
+        r->n_runs > c->ws_cap || r->n_parts < 1 || r->n_parts > TR_CSD_PARTS)
+        return fail(r, TR_E_ARG, "rows request: layer %d, %d runs in %d parts", r->layer,
+                    r->n_runs, r->n_parts);
+    for (int32_t p = 0; p < r->n_parts; p++)
+        if (r->part_end[p] < (p ? r->part_end[p - 1] : 0) || r->part_end[p] > c->ws_cap)
+            return fail(r, TR_E_ARG, "rows request: part %d ends at slot %d", p, r->part_end[p]);
     const tr_csd_run *runs = (const tr_csd_run *)(g->base + c->off_runs[r->which]);
     g->hashes = (const uint64_t *)(g->base + c->off_hashes[r->which]);
-    uint8_t *ws = g->base + c->off_ws;
     const uint64_t t0 = tr_io_now_ns();
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, part_bytes[TR_CSD_PARTS] = {0};
     const int32_t P = c->page_tokens;
-    for (int32_t i = 0; i < r->n_runs; i++) {
+    g->n_parts = r->n_parts;
+    memcpy(g->part_end, r->part_end, sizeof g->part_end);
+    memset(g->part_pending, 0, sizeof g->part_pending);
+    for (int32_t i = 0, p = 0; i < r->n_runs; i++) {
         const tr_csd_run *u = &runs[i];
         if (u->n < 1 || u->slot < 0 || u->slot + u->n > c->ws_cap || u->pos < 0 ||
             u->pos + u->n > c->n_ctx || (u->pos % P) + u->n > P || u->hash0 < 0 ||
-            u->hash0 + u->n > c->ws_cap)
+            u->hash0 + u->n > c->ws_cap || (i && u->slot < runs[i - 1].slot))
             return fail(r, TR_E_ARG, "rows request: run %d (%d tokens at %d)", i, u->n, u->pos);
+        while (p + 1 < r->n_parts && u->slot >= r->part_end[p]) p++;
+        if (u->slot + u->n > r->part_end[p] && p + 1 < r->n_parts)
+            return fail(r, TR_E_ARG, "rows request: run %d crosses the end of part %d", i, p);
         g->jobs[i] = (tr_io_job){.fd = TR_CSD_FD_LAYER + r->layer,
                                  .direct = c->direct != 0,
                                  .offset = c->data_off + (uint64_t)(u->pos / P) * c->page_bytes +
                                            (uint64_t)(u->pos % P) * c->rec,
                                  .len = (uint64_t)u->n * c->rec,
                                  .need = (uint64_t)u->n * c->rec,
-                                 .dst = ws + (size_t)u->slot * c->rec,
+                                 .dst = g->stage + (size_t)u->slot * c->rec,
                                  .owner = ((uint32_t)r->layer << 24) | (uint32_t)u->pos,
                                  .sub = (uint32_t)u->hash0};
+        g->part_pending[p]++;
+        part_bytes[p] += (uint64_t)u->n * c->rec;
         bytes += (uint64_t)u->n * c->rec;
     }
-    if (run_jobs(g, r, r->n_runs)) return -1;
-    pace(t0, fmax(rate_time((double)bytes, c->gbps), rate_time((double)bytes, c->link_gbps)));
+    if (r->n_runs) submit_jobs(g, r->n_runs);
+    /* publish the parts in order, each once its reads are in, verified and across (and, when
+     * throttled, not before the device and the link could have delivered them) */
+    uint64_t sent = 0;
+    for (int32_t p = 0; p < r->n_parts; p++) {
+        pthread_mutex_lock(&g->mu);
+        while (g->part_pending[p] > 0 && !g->failed) pthread_cond_wait(&g->cv, &g->mu);
+        const int failed = g->failed;
+        pthread_mutex_unlock(&g->mu);
+        if (failed) break;
+        sent += part_bytes[p];
+        pace(t0, fmax(rate_time((double)sent, c->gbps), rate_time((double)sent, c->link_gbps)));
+        atomic_store(&c->rows_parts[r->which], p + 1);
+        pthread_mutex_lock(&c->mu);
+        pthread_cond_broadcast(&c->to_host);
+        pthread_mutex_unlock(&c->mu);
+    }
+    /* every read done before the request completes: they write into our buffers */
+    pthread_mutex_lock(&g->mu);
+    while (g->pending > 0) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    g->n_parts = 0;
+    if (g->failed) return fail(r, TR_E_IO, "%s", g->msg);
     atomic_fetch_add(&c->bytes_rows, bytes);
     atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
     atomic_fetch_add(&c->rows_ns, tr_io_now_ns() - t0);
@@ -314,28 +398,40 @@ static int serve(pid_t host, int sock) {
     g.pstride = (g.pregion + 4095) / 4096 * 4096;
     g.n_pages = (c->n_ctx + c->page_tokens - 1) / c->page_tokens;
     const size_t hs_bytes = (size_t)c->n_head * (size_t)c->n_ctx * 4;
-    const size_t keys_bytes = (size_t)c->n_layer * (size_t)g.n_pages * g.pstride;
+    const size_t keys_bytes = (size_t)c->n_layer * (size_t)c->n_head_kv * (size_t)c->n_ctx * c->qrow;
+    const size_t raw_bytes = (size_t)g.n_pages * g.pstride;
     const int32_t n_jobs = g.n_pages > c->ws_cap ? g.n_pages : c->ws_cap;
     g.hs = malloc(hs_bytes);
     g.tmp = malloc((size_t)c->chunk * 4);
     g.loaded = calloc((size_t)c->n_layer * (size_t)g.n_pages, 1);
     g.jobs = calloc((size_t)n_jobs, sizeof *g.jobs);
-    g.iota = c->page_tokens > 0 ? malloc((size_t)c->page_tokens * sizeof *g.iota) : NULL;
-    for (int32_t i = 0; g.iota && i < c->page_tokens; i++) g.iota[i] = i;
+    g.iota = malloc((size_t)c->n_ctx * sizeof *g.iota);
+    for (int32_t t = 0; g.iota && t < c->n_ctx; t++) g.iota[t] = t;
+    g.raw = mmap(NULL, raw_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     /* reserved, not committed: memory grows with the pages scored */
     g.keys = mmap(NULL, keys_bytes, PROT_READ | PROT_WRITE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    g.stage_bytes = ((size_t)c->ws_cap * (size_t)c->rec + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    g.stage = mmap(NULL, g.stage_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+#ifdef MADV_HUGEPAGE
+    if (g.stage != MAP_FAILED) madvise(g.stage, g.stage_bytes, MADV_HUGEPAGE); /* advice only */
+#endif
     pthread_mutex_init(&g.mu, NULL);
     pthread_cond_init(&g.cv, NULL);
     tr_error err = {0};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (!g.hs || !g.tmp || !g.loaded || !g.jobs || !g.iota || g.keys == MAP_FAILED ||
+        g.raw == MAP_FAILED || c->page_tokens < 1 ||
+        g.stage == MAP_FAILED ||
         tr_pool_create(ncpu > 0 ? (int)ncpu : 1, &g.pool, &err) ||
         tr_io_pool_create(64, io_done, &g, &g.io, &err)) {
         fprintf(stderr, "terrace-storaged: out of memory or threads %s\n", err.msg);
         return 2;
     }
-    atomic_store(&c->mem_bytes, hs_bytes + (size_t)c->chunk * 4 + keys_bytes);
+    atomic_store(&c->mem_bytes,
+                 hs_bytes + (size_t)c->chunk * 4 + keys_bytes + raw_bytes + g.stage_bytes);
     atomic_store(&c->agent_pid, (int32_t)getpid());
     atomic_store(&c->ready, 1);
     for (;;) {
@@ -369,6 +465,8 @@ static int serve(pid_t host, int sock) {
     tr_io_pool_free(g.io);
     tr_pool_free(g.pool);
     munmap(g.keys, keys_bytes);
+    munmap(g.raw, raw_bytes);
+    munmap(g.stage, g.stage_bytes);
     free(g.hs);
     free(g.tmp);
     free(g.loaded);

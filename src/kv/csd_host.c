@@ -572,7 +572,7 @@ tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     if (!(p->app_b_s > 0)) { /* the agent's rows: cold records read into the working set */
         int32_t nr = m < APP_PROBE_ROWS ? m : APP_PROBE_ROWS;
         if (nr > kv->ws_cap) nr = kv->ws_cap;
-        tr_kv_csd_rows_start(kv, 0, layer, cand, nr, 0);
+        tr_kv_csd_rows_start(kv, 0, layer, cand, nr, 0, 1, NULL);
         if ((st = tr_kv_csd_rows_wait(kv, 0, err))) return st; /* sets app_bs */
     }
     return TR_OK;
@@ -592,7 +592,7 @@ double tr_kv_app_beta(const tr_kv *kv) {
 /* ---- rows ------------------------------------------------------------------------------------- */
 
 void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
-                          int32_t slot0) {
+                          int32_t slot0, int np, const int32_t *bnd) {
     tr_kv_gather *G = &kv->gath[which];
     tr_csd_ctl *c = kv->csd_ctl;
     const tr_kv_layer *L = &kv->layers[layer];
@@ -605,15 +605,21 @@ void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *se
     }
     tr_csd_run *runs = (tr_csd_run *)((uint8_t *)c + c->off_runs[which]);
     uint64_t *hashes = (uint64_t *)((uint8_t *)c + c->off_hashes[which]);
+    if (!bnd || np < 1 || np > TR_CSD_PARTS) np = 1;
+    tr_csd_req r = {.op = TR_CSD_OP_ROWS, .layer = layer, .which = which, .n_parts = np};
     int32_t nr = 0, nh = 0;
-    for (int32_t i = 0, j; i < n; i = j) {
-        const int32_t pos = sel[i];
-        if ((j = tr_kv_cold_run_end(L, sel, n, i)) == i) {
-            j++;
-            continue;
+    for (int p = 0; p < np; p++) { /* a run never crosses a part's end */
+        const int32_t i0 = np > 1 ? bnd[p] : 0, i1 = np > 1 ? bnd[p + 1] : n;
+        for (int32_t i = i0, j; i < i1; i = j) {
+            const int32_t pos = sel[i];
+            if ((j = tr_kv_cold_run_end(L, sel, i1, i)) == i) {
+                j++;
+                continue;
+            }
+            runs[nr++] = (tr_csd_run){.pos = pos, .n = j - i, .slot = slot0 + i, .hash0 = nh};
+            for (int32_t t = pos; t < pos + (j - i); t++) hashes[nh++] = L->hash[t];
         }
-        runs[nr++] = (tr_csd_run){.pos = pos, .n = j - i, .slot = slot0 + i, .hash0 = nh};
-        for (int32_t t = pos; t < pos + (j - i); t++) hashes[nh++] = L->hash[t];
+        r.part_end[p] = slot0 + i1;
     }
     G->n_jobs = nr;
     G->bytes = (uint64_t)nh * kv->rec;
@@ -621,12 +627,30 @@ void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *se
     G->csd_seq = 0;
     G->failed = false;
     if (!nr) return;
-    tr_csd_req r = {.op = TR_CSD_OP_ROWS, .layer = layer, .n_runs = nr, .which = which};
+    r.n_runs = nr;
+    atomic_store(&c->rows_parts[which], 0); /* the area's last request has completed */
     tr_error e = {0};
     if (post(kv, &r, &G->csd_seq, &e)) {
         G->failed = true;
         snprintf(G->err_msg, sizeof G->err_msg, "%s", e.msg);
     }
+}
+
+tr_status tr_kv_csd_rows_wait_part(tr_kv *kv, int which, int part, tr_error *err) {
+    tr_kv_gather *G = &kv->gath[which];
+    if (!G->n_jobs) return TR_OK;
+    if (G->failed) return tr_fail(err, TR_E_IO, "%s", G->err_msg);
+    tr_csd_ctl *c = kv->csd_ctl;
+    const uint64_t t0 = tr_io_now_ns();
+    tr_status st = lock(kv, err);
+    if (st) return st;
+    while (atomic_load(&c->rows_parts[which]) <= part && c->completed < G->csd_seq)
+        if ((st = wait_slice(kv, err))) return st;
+    const bool in = atomic_load(&c->rows_parts[which]) > part;
+    pthread_mutex_unlock(&c->mu);
+    kv->io_ns += tr_io_now_ns() - t0;
+    /* completed without it: the request failed, and its status says why */
+    return in ? TR_OK : wait_done(kv, G->csd_seq, err);
 }
 
 tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err) {

@@ -73,6 +73,8 @@ typedef struct kv_plan {
 
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+#define KV_HUGE (2u << 20)
+
 static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_plan *o,
                               tr_error *err) {
     memset(o, 0, sizeof *o);
@@ -209,9 +211,10 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (o->cold && p->csd) { /* the shared region holds the working set (counted above) */
         d += tr_kv_csd_region_bytes(s, ws, o->q8row, rec) - ws * rec + nh * 16;
         /* the agent's own memory, when it runs on this machine: its copy of the key copies
-         * (filled as pages are scored) and one layer's per-head scores */
-        d += L * (uint64_t)o->n_pages * round_up(o->page_bytes - o->page_qoff, 4096) +
-             nh * n_ctx * 4;
+         * (filled as pages are scored), one layer's per-head scores and the rows' staging */
+        d += L * nkv * n_ctx * o->qrow +
+             (uint64_t)o->n_pages * round_up(o->page_bytes - o->page_qoff, 4096) +
+             nh * n_ctx * 4 + round_up(ws * rec, KV_HUGE);
     }
     if (tiered) d += L * nkv * (n_ctx * o->qrow + (uint64_t)o->hdk_pad * 4);
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
@@ -252,7 +255,6 @@ const char *tr_kv_cold_path(const tr_kv *kv) { return kv ? kv->cold_path : NULL;
 /* Big buffers (hot pool, working set, key copy) on transparent huge pages where the kernel
  * offers them: attention walks each head's rows at the stride of a whole record (16 KiB for a
  * 7B-like shape), so with 4 KiB pages nearly every row is a TLB miss (measured: 2x slower). */
-#define KV_HUGE (2u << 20)
 
 static void *kv_alloc(size_t n, size_t align, uint64_t *total) {
     void *p = NULL;
@@ -671,6 +673,7 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->sel_hot = kv->sel_hot;
     o->sel_cold = kv->sel_cold;
     o->beta = kv->app_beta;
+    o->beta_split = kv->app_beta_split;
     o->f_c = kv->app_tc > 0 ? 1e9 / kv->app_tc : 0;
     o->f_s = kv->app_ts > 0 ? 1e9 / kv->app_ts : 0;
     o->b_c = kv->app_bc * 1e9;

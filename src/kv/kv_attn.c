@@ -253,19 +253,25 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
          * read; the attention's pass over the rows then hides under the storage wait (the chunk
          * boundaries depend only on nT and pipe, so host and agent paths attend identically).
          * The storage agent serves its row requests one after another, so there the chunks are
-         * one request: split, its reads would no longer all be in flight together (measured at
-         * 32K: 3.8 s a step against 2.8 s) */
+         * the parts of one request, published in order: as separate requests, their reads
+         * would no longer all be in flight together (measured at 32K: 3.8 s a step against
+         * 2.8 s) */
         int32_t bnd[TR_KV_GATHERS + 1];
         for (int c = 0; c <= np; c++) bnd[c] = (int32_t)((int64_t)nT * c / np);
-        const int ng = kv->csd ? 1 : np;
         if (kv->csd)
-            tr_kv_gather_start(kv, 0, layer, T, nT, 0);
+            tr_kv_gather_start_parts(kv, 0, layer, T, nT, 0, np, bnd);
         else
             for (int c = 0; c < np; c++)
                 tr_kv_gather_start(kv, c, layer, T + bnd[c], bnd[c + 1] - bnd[c], bnd[c]);
         for (int c = 0; c < np; c++) {
-            if (c < ng && (st = tr_kv_gather_wait(kv, c, err))) {
-                for (int d = c + 1; d < ng; d++) tr_kv_gather_wait(kv, d, NULL);
+            if (kv->csd) /* the last part's wait is the request's: its counters, its status */
+                st = c + 1 < np ? tr_kv_csd_rows_wait_part(kv, 0, c, err)
+                                : tr_kv_gather_wait(kv, 0, err);
+            else
+                st = tr_kv_gather_wait(kv, c, err);
+            if (st) { /* the reads still in flight target the working set */
+                for (int d = kv->csd ? 0 : c + 1; d < (kv->csd ? 1 : np); d++)
+                    tr_kv_gather_wait(kv, d, NULL);
                 return st;
             }
             j.c0 = bnd[c];

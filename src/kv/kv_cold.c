@@ -411,6 +411,11 @@ int32_t tr_kv_cold_run_end(const tr_kv_layer *L, const int32_t *sel, int32_t n, 
 
 void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
                         int32_t slot0) {
+    tr_kv_gather_start_parts(kv, which, layer, sel, n, slot0, 1, NULL);
+}
+
+void tr_kv_gather_start_parts(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
+                              int32_t n, int32_t slot0, int np, const int32_t *bnd) {
     tr_kv_gather *G = &kv->gath[which];
     const tr_kv_layer *L = &kv->layers[layer];
     const size_t rec = kv->rec;
@@ -421,7 +426,7 @@ void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
     /* cold runs first, so the reads are in flight while the hot records are copied; a run is
      * consecutive positions within one page (the key copy and trailer sit between pages) */
     if (kv->cold && kv->csd) {
-        tr_kv_csd_rows_start(kv, which, layer, sel, n, slot0);
+        tr_kv_csd_rows_start(kv, which, layer, sel, n, slot0, np, bnd);
     } else if (kv->cold) {
         for (int32_t i = 0, j; i < n; i = j) {
             const int32_t pos = sel[i];

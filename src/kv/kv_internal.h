@@ -202,6 +202,7 @@ struct tr_kv {
     double app_bc, app_bs;       /* bytes per ns of rows: hot-pool copies, agent reads */
     double app_ac, app_as;       /* selected fraction of the host's / agent's part */
     double app_beta;
+    double app_beta_split; /* app_beta once the host's share is capped (M_0): the split used */
     bool app_probed;             /* the start-up measurement is done (tr_kv_app_probe) */
     double app_beta_first;       /* the split of the first layer scored with the agent */
     int32_t app_host_lo;         /* this step's split: the host scores written positions >= it */
@@ -255,8 +256,12 @@ void tr_kv_csd_counters(const tr_kv *kv, uint64_t *scores, uint64_t *rows, uint6
  * the rest by the host meanwhile; the same scores as tr_kv_score_tokens */
 tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *q, float scale,
                           const int32_t *cand, int32_t n, int32_t n_a, float *out, tr_error *err);
+/* the agent's row request for sel[0..n) into slots slot0..: in np parts, part p the positions
+ * sel[bnd[p] .. bnd[p + 1]) (bnd NULL: one part) */
 void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
-                          int32_t slot0);
+                          int32_t slot0, int np, const int32_t *bnd);
+/* part `part` of the request in, or the request's error */
+tr_status tr_kv_csd_rows_wait_part(tr_kv *kv, int which, int part, tr_error *err);
 tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err);
 
 /* ---- APP (csd_host.c) ---- */
@@ -315,6 +320,10 @@ uint64_t tr_kv_page_offset(const tr_kv *kv, int32_t page);
  * now, cold runs are queued on the I/O workers; tr_kv_gather_wait returns their status */
 void tr_kv_gather_start(tr_kv *kv, int which, int32_t layer, const int32_t *sel, int32_t n,
                         int32_t slot0);
+/* the same in np parts (part p: sel[bnd[p] .. bnd[p + 1])); with the storage agent, one request
+ * whose parts arrive in order (tr_kv_csd_rows_wait_part); on the host, parts are not tracked */
+void tr_kv_gather_start_parts(tr_kv *kv, int which, int32_t layer, const int32_t *sel,
+                              int32_t n, int32_t slot0, int np, const int32_t *bnd);
 /* the end of the run of cold positions that starts at sel[i] (consecutive, one page): i if
  * sel[i] is not cold */
 int32_t tr_kv_cold_run_end(const tr_kv_layer *L, const int32_t *sel, int32_t n, int32_t i);

@@ -593,6 +593,7 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
             if (n_c > kv->hot_slots) n_c = kv->hot_slots;
             kv->app_beta = beta;
             n_a -= n_c;
+            kv->app_beta_split = n_a > 0 ? (double)n_c / n_a : 0.0;
         }
         if (kv->csd && n_a > 0) {
             tr_status st = tr_kv_csd_score(kv, pool, layer, q, scale, cand, n_all, n_a,

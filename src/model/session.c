@@ -94,6 +94,7 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->csd_row_bytes = st.csd_row_bytes;
     out->csd_storage_bytes = st.csd_storage_bytes;
     out->beta = st.beta;
+    out->beta_split = st.beta_split;
     out->f_c = st.f_c;
     out->f_s = st.f_s;
     out->b_c = st.b_c;
