@@ -77,7 +77,7 @@ if fixed:
     best = min(fixed, key=lambda x: x[1])
     ax.plot([best[0]], [best[1]], marker="o", ms=12, mfc="none", color="tab:red",
             label=f"sweep minimum: beta {best[2]:g}, split {best[0]:.3f} ({best[1]:.0f} ms)")
-    finish(fig, ax, "split used = host-scored / agent-scored tokens on storage (host share "
-           "capped by the hot pool)", "decode step, ms",
+    finish(fig, ax, "split = host / agent tokens on storage (host share capped by the hot pool)",
+           "decode step, ms",
            f"APP: step time against the split, {sw[0]['ctx'] // 1024}K, agent SmartSSD-like",
            "kv-beta.png")

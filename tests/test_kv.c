@@ -1757,6 +1757,18 @@ static void test_csd(void) {
                          isfinite(sa.beta),
                      "APP: %s beta %.3g from f_c %.3g f_s %.3g B_s %.3g", bad ? err.msg : "",
                      k ? sa.beta : 0.0, k ? sa.f_c : 0.0, k ? sa.f_s : 0.0, k ? sa.b_s : 0.0);
+            /* the split in effect: APP's beta, or less where the host budget caps its share */
+            TU_CHECK(k && sa.beta_split > 0 && sa.beta_split <= sa.beta * (1 + 1e-9),
+                     "APP: split %.4g for beta %.4g", k ? sa.beta_split : 0.0, k ? sa.beta : 0.0);
+            if (k && k->hot_slots > 0 && k->layers[s.nl - 1].pages_written > 0) {
+                /* the host's tokens at the split, n_a x split / (1 + split) with n_a the tokens
+                 * on storage (a few of them sinks, not candidates), never exceed its budget */
+                const double n_st = (double)k->layers[s.nl - 1].pages_written * TR_KV_PAGE;
+                TU_CHECK(n_st * sa.beta_split / (1 + sa.beta_split) <= k->hot_slots * 1.05 + 1.0 ||
+                             sa.beta_split >= sa.beta * (1 - 1e-9),
+                         "APP: split %.4g over the host budget of %d tokens (%g on storage)",
+                         sa.beta_split, k->hot_slots, n_st);
+            }
             /* the first split already comes from rates measured at start (not an even guess) */
             TU_CHECK(k && k->app_probed && k->app_beta_first > 0 && k->app_beta_first != 1.0 &&
                          isfinite(k->app_beta_first),
@@ -1764,10 +1776,10 @@ static void test_csd(void) {
                      k ? k->app_beta_first : 0.0);
             if (k) printf("APP at start: the first layer's beta %.2f\n", k->app_beta_first);
             if (k && !bad)
-                printf("APP: beta %.2f from host scoring %.2f M tokens/s, agent %.2f M tokens/s, "
-                       "hot-pool copies %.2f GB/s, agent rows %.2f GB/s, selected fractions host "
-                       "%.3f / agent %.3f\n",
-                       sa.beta, sa.f_c / 1e6, sa.f_s / 1e6, sa.b_c / 1e9, sa.b_s / 1e9, sa.alpha_c,
+                printf("APP: beta %.2f (split %.3f, the host budget %d tokens) from host scoring "
+                       "%.2f M tokens/s, agent %.2f M tokens/s, hot-pool copies %.2f GB/s, agent "
+                       "rows %.2f GB/s, selected fractions host %.3f / agent %.3f\n",
+                       sa.beta, sa.beta_split, k->hot_slots, sa.f_c / 1e6, sa.f_s / 1e6, sa.b_c / 1e9, sa.b_s / 1e9, sa.alpha_c,
                        sa.alpha_s);
             tr_kv_free(k);
         }
