@@ -63,7 +63,12 @@ sw = [d for d in rows if d.get("label", "").startswith("beta sweep")]
 # the split used: beta once the host's share is capped by its budget (rows before beta_split was
 # recorded: the beta asked for)
 split = lambda d: d.get("beta_split", d["beta"])
-fixed = sorted((split(d), d["step_ms"], d["beta"]) for d in sw if d.get("beta_set", -1) >= 0)
+# each beta's mean over the passes that measured it
+by_b = {}
+for d in sw:
+    if d.get("beta_set", -1) >= 0: by_b.setdefault(d["beta_set"], []).append(d)
+fixed = sorted((split(ds[-1]), sum(d["step_ms"] for d in ds) / len(ds), ds[-1]["beta"])
+               for ds in by_b.values())
 auto = [d for d in sw if d.get("beta_set", -1) < 0]
 if fixed:
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -71,9 +76,10 @@ if fixed:
             label="fixed beta (--kv-beta), at the split it gives")
     if auto:
         a = auto[-1]
+        am = sum(d["step_ms"] for d in auto) / len(auto)
         ax.axvline(split(a), color="tab:green", ls="--",
-                   label=f"APP: beta {a['beta']:.2f}, split {split(a):.3f} ({a['step_ms']:.0f} ms)")
-        ax.plot([split(a)], [a["step_ms"]], marker="*", ms=14, color="tab:green")
+                   label=f"APP: beta {a['beta']:.2f}, split {split(a):.3f} ({am:.0f} ms)")
+        ax.plot([split(a)], [am], marker="*", ms=14, color="tab:green")
     best = min(fixed, key=lambda x: x[1])
     ax.plot([best[0]], [best[1]], marker="o", ms=12, mfc="none", color="tab:red",
             label=f"sweep minimum: beta {best[2]:g}, split {best[0]:.3f} ({best[1]:.0f} ms)")
