@@ -387,6 +387,16 @@ static int serve(pid_t host, int sock) {
                 TR_CSD_FD_SHM);
         return 2;
     }
+    /* the geometry every size below is computed from (a user-started agent serves whatever
+     * connects) */
+    if (probe.n_layer < 1 || probe.n_ctx < 1 || probe.n_head < 1 || probe.n_head_kv < 1 ||
+        probe.n_head % probe.n_head_kv || probe.page_tokens < 1 || probe.chunk < 1 ||
+        probe.ws_cap < 0 || !probe.rec || !probe.qrow || probe.page_bytes <= probe.page_qoff) {
+        fprintf(stderr, "terrace-storaged: the KV region at descriptor %d has an impossible "
+                "geometry (%d layers, %d positions, %d/%d heads, pages of %d)\n", TR_CSD_FD_SHM,
+                probe.n_layer, probe.n_ctx, probe.n_head, probe.n_head_kv, probe.page_tokens);
+        return 2;
+    }
     void *m = mmap(NULL, probe.total, PROT_READ | PROT_WRITE, MAP_SHARED, TR_CSD_FD_SHM, 0);
     if (m == MAP_FAILED) {
         fprintf(stderr, "terrace-storaged: mapping the region: %s\n", strerror(errno));
@@ -423,8 +433,7 @@ static int serve(pid_t host, int sock) {
     tr_error err = {0};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (!g.hs || !g.tmp || !g.loaded || !g.jobs || !g.iota || g.keys == MAP_FAILED ||
-        g.raw == MAP_FAILED || c->page_tokens < 1 ||
-        g.stage == MAP_FAILED ||
+        g.raw == MAP_FAILED || g.stage == MAP_FAILED ||
         tr_pool_create(ncpu > 0 ? (int)ncpu : 1, &g.pool, &err) ||
         tr_io_pool_create(64, io_done, &g, &g.io, &err)) {
         fprintf(stderr, "terrace-storaged: out of memory or threads %s\n", err.msg);
