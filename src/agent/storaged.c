@@ -175,12 +175,17 @@ static void submit_jobs(agent *g, int32_t n) {
     tr_io_pool_submit(g->io, &g->jobs[0], &g->jobs[n - 1]);
 }
 
-static int run_jobs(agent *g, tr_csd_req *r, int32_t n) {
-    if (!n) return 0;
-    submit_jobs(g, n);
+/* every submitted read done (they write into our buffers) */
+static void wait_jobs(agent *g) {
     pthread_mutex_lock(&g->mu);
     while (g->pending > 0) pthread_cond_wait(&g->cv, &g->mu);
     pthread_mutex_unlock(&g->mu);
+}
+
+static int run_jobs(agent *g, tr_csd_req *r, int32_t n) {
+    if (!n) return 0;
+    submit_jobs(g, n);
+    wait_jobs(g);
     if (g->failed) return fail(r, TR_E_IO, "%s", g->msg);
     return 0;
 }
@@ -361,10 +366,7 @@ static int do_rows(agent *g, tr_csd_req *r) {
         pthread_cond_broadcast(&c->to_host);
         pthread_mutex_unlock(&c->mu);
     }
-    /* every read done before the request completes: they write into our buffers */
-    pthread_mutex_lock(&g->mu);
-    while (g->pending > 0) pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
+    wait_jobs(g); /* before the request completes */
     g->n_parts = 0;
     if (g->failed) return fail(r, TR_E_IO, "%s", g->msg);
     atomic_fetch_add(&c->bytes_rows, bytes);

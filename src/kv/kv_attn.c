@@ -270,8 +270,10 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
             else
                 st = tr_kv_gather_wait(kv, c, err);
             if (st) { /* the reads still in flight target the working set */
-                for (int d = kv->csd ? 0 : c + 1; d < (kv->csd ? 1 : np); d++)
-                    tr_kv_gather_wait(kv, d, NULL);
+                if (kv->csd)
+                    tr_kv_gather_wait(kv, 0, NULL);
+                else
+                    for (int d = c + 1; d < np; d++) tr_kv_gather_wait(kv, d, NULL);
                 return st;
             }
             j.c0 = bnd[c];
