@@ -163,18 +163,38 @@ static void make_q(float *q, int l, int32_t pos, int seq, const float *cs) {
     }
 }
 
+/* --spec R: layer l + 1's speculative query, given during layer l. A real model's speculation
+ * (l + 1's projection of l's input) is close to the real query but not equal: here the query's
+ * random part is correlated R with the real one's (the shared direction is kept) */
+static void make_q_spec(float *q, int l, int32_t pos, int seq, const float *cs, float rho) {
+    uint64_t s = mix((uint64_t)pos * 7919u + (uint64_t)l * 104729u + (uint64_t)seq);
+    uint64_t s2 = mix(s ^ 0x5bd1e995u);
+    const float o = sqrtf(1.0f - rho * rho);
+    for (int h = 0; h < NH; h++) {
+        const size_t lg = ((size_t)l * NKV + (size_t)(h / (NH / NKV))) * HD;
+        float *qh = q + (size_t)h * HD;
+        for (int c = 0; c < HD; c++) {
+            const float a = normal(&s), b = normal(&s2);
+            qh[c] = 3.0f * (0.7f * (rho * a + o * b) + 0.4f * g_dir[lg + c]);
+        }
+        rope(qh, cs);
+    }
+}
+
 typedef struct bench {
     tr_kv **kv;
     tr_pool *pool;
     int batch, steps;
     int32_t pos_next;
-    float *cs, *k, *v, *q, *out;
+    float spec; /* --spec: 0 off */
+    float *cs, *k, *v, *q, *qs, *out;
 } bench;
 
 typedef struct step_result {
     double mean_ms, min_ms, bytes_read, dev_read, read_ops, selected, score_ms, attn_ms, io_ms;
     double csd_scores, csd_rows, csd_storage, promotions, demotions, pingpong, migrated;
     double sel_hot, sel_cold;
+    double spec_rows, spec_early, spec_cos; /* per step; spec_cos: the mean */
     double cpu_user_ms, cpu_sys_ms; /* the process's CPU time per step */
 } step_result;
 
@@ -188,6 +208,7 @@ static int measure(bench *B, step_result *r) {
     const float scale = 1.0f / sqrtf((float)HD);
     memset(r, 0, sizeof *r);
     r->min_ms = 1e300;
+    double cos_sum = 0;
     for (int s = -1; s < B->steps; s++) {
         const int32_t pos = B->pos_next++;
         rope_table(B->cs, pos);
@@ -196,6 +217,7 @@ static int measure(bench *B, step_result *r) {
                 const size_t o = (size_t)b * NL + l;
                 make_kv(B->k + o * NKV * HD, B->v + o * NKV * HD, l, pos, b, B->cs);
                 make_q(B->q + o * NH * HD, l, pos, b, B->cs);
+                if (B->spec > 0) make_q_spec(B->qs + o * NH * HD, l, pos, b, B->cs, B->spec);
             }
         tr_kv_stats st0[64], st1;
         for (int b = 0; b < B->batch; b++) tr_kv_get_stats(B->kv[b], &st0[b]);
@@ -206,6 +228,13 @@ static int measure(bench *B, step_result *r) {
         for (int l = 0; l < NL; l++)
             for (int b = 0; b < B->batch; b++) {
                 const size_t o = (size_t)b * NL + l;
+                /* the next layer's speculative query, while this one attends */
+                if (B->spec > 0 && l + 1 < NL &&
+                    tr_kv_spec_query(B->kv[b], l + 1, 1, &pos, B->qs + (o + 1) * NH * HD,
+                                     NH * HD, scale, 0, &err)) {
+                    fprintf(stderr, "bench_kv: step: %s\n", err.msg);
+                    return 1;
+                }
                 if (tr_kv_append(B->kv[b], l, pos, B->k + o * NKV * HD, B->v + o * NKV * HD,
                                  &err) ||
                     tr_kv_attend_rows(B->kv[b], B->pool, l, 1, &pos, B->q + o * NH * HD, NH * HD,
@@ -241,8 +270,12 @@ static int measure(bench *B, step_result *r) {
             r->migrated += (double)(st1.migrated_bytes - st0[b].migrated_bytes) / n;
             r->sel_hot += (double)(st1.sel_hot - st0[b].sel_hot) / n;
             r->sel_cold += (double)(st1.sel_cold - st0[b].sel_cold) / n;
+            r->spec_rows += (double)(st1.spec_rows - st0[b].spec_rows) / n;
+            r->spec_early += (double)(st1.spec_early - st0[b].spec_early) / n;
+            cos_sum += st1.spec_cos_sum - st0[b].spec_cos_sum;
         }
     }
+    r->spec_cos = r->spec_rows > 0 ? cos_sum / (r->spec_rows * B->steps) : 0.0;
     return 0;
 }
 
@@ -250,7 +283,7 @@ static void usage(void) {
     fprintf(stderr, "usage: bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] "
                     "[--bits 4|8] [--hot-frac F] [--steps S] [--threads T] [--io-threads N] "
                     "[--read-gap G] [--bkp off|on|naive] [--csd] [--csd-gbps R] [--csd-gflops R] "
-                    "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--pipe 1..4] [--pull-keys] "
+                    "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--pipe 1..4] [--pull-keys] [--spec R] "
                     "[--plan]\n");
     exit(2);
 }
@@ -270,6 +303,7 @@ int main(int argc, char **argv) {
     int tail = 0;
     double tail_min = -1.0; /* < 0: the cache's default */
     int tail_every = 0;     /* sum 1 in N unselected tokens whatever their share (cost only) */
+    double spec = 0;        /* --spec R: speculative queries correlated R (0: off) */
     static const struct option opts[] = {
         {"cold", 1, 0, 'c'},       {"ctx", 1, 0, 'n'},   {"policy", 1, 0, 'p'},
         {"batch", 1, 0, 'b'},      {"alpha", 1, 0, 'a'}, {"bits", 1, 0, 'q'},
@@ -279,7 +313,8 @@ int main(int argc, char **argv) {
         {"csd", 0, 0, 'C'},        {"csd-gbps", 1, 0, 'G'}, {"csd-gflops", 1, 0, 'F'},
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
         {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'}, {"tail", 1, 0, 'T'},
-        {"tail-min", 1, 0, 'M'},   {"tail-every", 1, 0, 'V'}, {0, 0, 0, 0}};
+        {"tail-min", 1, 0, 'M'},   {"tail-every", 1, 0, 'V'}, {"spec", 1, 0, 'X'},
+        {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'c': cold = optarg; break;
@@ -304,6 +339,7 @@ int main(int argc, char **argv) {
         case 'T': tail = atoi(optarg); break;
         case 'M': tail_min = atof(optarg); break;
         case 'V': tail_every = atoi(optarg); break;
+        case 'X': spec = atof(optarg); break;
         case 'U': pull_keys = true; break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
@@ -317,7 +353,9 @@ int main(int argc, char **argv) {
         default: usage();
         }
     }
-    if (ctx < 64 || batch < 1 || batch > 64 || steps < 1 || (!cold && !plan)) usage();
+    if (ctx < 64 || batch < 1 || batch > 64 || steps < 1 || (!cold && !plan) || spec < 0 ||
+        spec > 1)
+        usage();
     tr_error err = {0};
     tr_kv_params p = tr_kv_default_params();
     if (tr_kv_policy_parse(policy, &p.policy, &err)) {
@@ -345,6 +383,7 @@ int main(int argc, char **argv) {
     p.csd_link_gbps = csd_link;
     p.csd_chunk = csd_chunk;
     p.beta = (float)beta;
+    p.spec = spec > 0;
     const uint64_t dram = tr_kv_dram_bytes(&shape, &p) * (uint64_t)batch;
     const uint64_t cold_need = tr_kv_cold_bytes_needed(&shape, &p) * (uint64_t)batch;
     if (plan) {
@@ -371,6 +410,7 @@ int main(int argc, char **argv) {
     float *k = malloc(sizeof(float) * (size_t)batch * NL * NKV * HD);
     float *v = malloc(sizeof(float) * (size_t)batch * NL * NKV * HD);
     float *q = malloc(sizeof(float) * (size_t)batch * NL * NH * HD);
+    float *qs = spec > 0 ? malloc(sizeof(float) * (size_t)batch * NL * NH * HD) : NULL;
     float *out = malloc(sizeof(float) * NH * HD);
 
     /* fill */
@@ -398,6 +438,8 @@ int main(int argc, char **argv) {
                .k = k,
                .v = v,
                .q = q,
+               .qs = qs,
+               .spec = (float)spec,
                .out = out};
     for (int gi = 0; gi < n_gaps; gi++) {
         for (int i = 0; i < batch; i++)
@@ -423,7 +465,8 @@ int main(int argc, char **argv) {
                "\"promotions\": %.1f, \"demotions\": %.1f, \"pingpong\": %.1f, "
                "\"migrated_bytes\": %.0f, \"hot_hit_rate\": %.4f, \"csd_mem_bytes\": %llu, "
                "\"beta_set\": %g, \"beta\": %.4f, \"beta_split\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
-               "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f}\n",
+               "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f, \"spec\": %g, "
+               "\"spec_rows\": %.1f, \"spec_early\": %.1f, \"spec_cos\": %.4f}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
                kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
@@ -439,7 +482,7 @@ int main(int argc, char **argv) {
                r.csd_rows, r.csd_storage, r.promotions, r.demotions, r.pingpong, r.migrated,
                r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
                (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.beta_split, fin.f_c, fin.f_s, fin.b_c,
-               fin.b_s, fin.alpha_c, fin.alpha_s);
+               fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos);
         fflush(stdout);
     }
     for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);
@@ -449,6 +492,7 @@ int main(int argc, char **argv) {
     free(k);
     free(v);
     free(q);
+    free(qs);
     free(out);
     free(g_sig);
     free(g_mu);

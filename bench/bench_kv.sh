@@ -16,6 +16,9 @@
 #   those (with offload and tiered again at each context) and adds them to the last results;
 #   SUPP_ONLY=1 adds just the host-pulls-keys rows and the agent at batch 8 to the last results;
 #   AGENT_ROWS_ONLY=1 adds every row with the agent (each context, batch 8, beta sweep, BKP);
+#   SPEC_ONLY=1 adds, at each context, offload, tiered, the agent, and --kv-spec (the next layer
+#   selected and read ahead) with the agent and on the host (SPEC_RHO: the speculation's quality),
+#   and the agent with --kv-spec at each alpha of SPEC_ALPHAS;
 #   TAIL_MIN_ONLY=1 adds tiered --tail 4 at each --tail-min of TAIL_MINS, and summing 1 in N
 #   unselected tokens whatever their share for each N of TAIL_EVERY (the cost of the tail at the
 #   fractions summed on real models; this fill's shares are too peaked to get there), at each
@@ -65,7 +68,7 @@ dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-
 echo "$dd_gbs" > build/bench/kv-dd.txt
 
 # AGENT_ONLY=1 adds to the last run's results (offload and tiered re-measured next to the agent)
-[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}${TAIL_ONLY:-}${BETA_ONLY:-}${TAIL_MIN_ONLY:-}" ] || : > "$JSONL"
+[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}${TAIL_ONLY:-}${BETA_ONLY:-}${TAIL_MIN_ONLY:-}${SPEC_ONLY:-}" ] || : > "$JSONL"
 run() { # label policy ctx batch [extra bench_kv flags...]
     local label=$1 pol=$2 ctx=$3 batch=$4
     shift 4
@@ -108,9 +111,26 @@ PY
 
 SSD_GBPS=${SSD_GBPS:-2.0}; SSD_GFLOPS=${SSD_GFLOPS:-8}; SSD_LINK=${SSD_LINK:-3.2}
 SSD=(--csd --csd-gbps "$SSD_GBPS" --csd-gflops "$SSD_GFLOPS" --csd-link-gbps "$SSD_LINK")
-agent_rows() { # ctx: the agent unthrottled and SmartSSD-like
+# --kv-spec: layer l + 1 selected (and its reads started) during layer l, with a speculative
+# query whose random part is correlated SPEC_RHO with the real one's: 0.9 gives a cosine of 0.92,
+# what SmolLM2 shows (0.928 at 4K, bench/results/kv-quality.md)
+SPEC_RHO=${SPEC_RHO:-0.9}
+agent_rows() { # ctx: the agent unthrottled and SmartSSD-like, and with the next layer selected ahead
     run "tiered + agent" tiered "$1" 1 --csd
     run "tiered + agent, SmartSSD-like" tiered "$1" 1 "${SSD[@]}"
+    run "tiered + agent + spec" tiered "$1" 1 --csd --spec "$SPEC_RHO"
+}
+spec_rows() { # ctx: --kv-spec on the agent and on the host, next to the baselines; and the agent
+    # with --kv-spec at each alpha of SPEC_ALPHAS (default none; the others run at 0.2)
+    local a
+    run offload offload "$1" 1
+    run tiered tiered "$1" 1
+    run "tiered + agent" tiered "$1" 1 --csd
+    run "tiered + agent + spec" tiered "$1" 1 --csd --spec "$SPEC_RHO"
+    run "tiered + spec" tiered "$1" 1 --spec "$SPEC_RHO"
+    for a in ${SPEC_ALPHAS:-}; do
+        run "tiered + agent + spec, alpha $a" tiered "$1" 1 --csd --spec "$SPEC_RHO" --alpha "$a"
+    done
 }
 beta_sweep() { # APP: latency against beta (host / agent share of the scoring), SmartSSD-like
     local beta
@@ -134,7 +154,10 @@ main_rows() { # ctx: offload, tiered, and tiered adding the unselected tokens' e
     run "tiered + tail 4" tiered "$1" 1 --tail 4
     run "tiered + tail 4, all summed" tiered "$1" 1 --tail 4 --tail-min 0
 }
-if [ -n "${TAIL_MIN_ONLY:-}" ]; then
+if [ -n "${SPEC_ONLY:-}" ]; then
+    for ctx in $CTXS; do spec_rows "$ctx"; done
+    rmdir "$CG" 2>/dev/null || true
+elif [ -n "${TAIL_MIN_ONLY:-}" ]; then
     for ctx in $CTXS; do
         for tm in ${TAIL_MINS:-}; do
             run "tiered + tail 4, tail-min $tm" tiered "$ctx" 1 --tail 4 --tail-min "$tm"
@@ -301,7 +324,7 @@ if tl:
                  f"{g(d['dram_bytes']):.2f} ({g(t['dram_bytes']):.2f}) |")
     L.append("")
 ag = [d for d in rows if "step_ms" in d and (d.get("csd") or d.get("bkp", "off") != "off"
-      or d.get("pull_keys")) and not d.get("label", "").startswith("beta sweep")]
+      or d.get("pull_keys") or d.get("spec")) and not d.get("label", "").startswith("beta sweep")]
 if ag:
     L.append("## Storage agent (HIE) and bidirectional pools (BKP)\n")
     L.append("`terrace-storaged` scores the tokens whose pages are on storage (from its own copy of the "
@@ -312,6 +335,11 @@ if ag:
              "blocks (position + score) and K/V rows; the bound is alpha x the cold pool's K/V bytes + the "
              "score blocks. BKP rows run more decode steps (hit counts need history); hot hit rate = "
              "selected tokens found in the hot pool; ping-pong = moves reversing one within 64 steps.\n")
+    L.append("\"+ spec\" (`--kv-spec`): layer l + 1's tokens are selected during layer l, with a "
+             "speculative query (here the real query's random part correlated SPEC_RHO with it, "
+             "cosine ~0.92 as SmolLM2's speculation shows), and their reads start behind layer l's, "
+             "so the scoring hides under the reads; the selection then differs from the exact one "
+             "(its quality cost: bench/results/kv-quality.md, tiered+spec).\n")
     L.append("\"keys pulled from storage\": the baseline of host scoring without the DRAM key copy: "
              "each step the host reads every cold page's key copy (and trailer) from storage, "
              "verifies it, then scores and reads the selected rows as tiered does; GiB read per "

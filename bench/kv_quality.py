@@ -37,7 +37,9 @@ ALPHAS = [0.05, 0.1, 0.2]
 # tiered+tail: tiered with --kv-tail 4 (the unselected tokens' estimated share of each head's
 # attention, from a 4-bit value copy; the tokens above the uniform share, the default
 # --kv-tail-min 1); tiered+tail-all: the same summing every unselected token (--kv-tail-min 0)
-POLICIES = ["tiered", "tiered+tail", "tiered+tail-all", "h2o", "quest"]
+# tiered+spec: tiered with --kv-spec (each layer's tokens selected with a query speculated from
+# the previous layer's input, so that selection and reads overlap that layer's)
+POLICIES = ["tiered", "tiered+tail", "tiered+tail-all", "tiered+spec", "h2o", "quest"]
 # The models' contexts and what is practical on 2 cores (attention cost grows with the square of
 # the context): perplexity at 4K over two chunks with every configuration, and at the longest
 # practical context over one chunk with the reduced set; passkey with the reduced set.
@@ -55,7 +57,8 @@ if QUICK:
 # the reduced set for the expensive measurements: tiered at every alpha, the baselines at 0.1
 REDUCED = [("full", 1.0), ("tiered", 0.05), ("tiered", 0.1), ("tiered", 0.2),
            ("tiered+tail", 0.05), ("tiered+tail", 0.1), ("tiered+tail", 0.2),
-           ("tiered+tail-all", 0.05), ("tiered+tail-all", 0.1), ("tiered+tail-all", 0.2), ("h2o", 0.1),
+           ("tiered+tail-all", 0.05), ("tiered+tail-all", 0.1), ("tiered+tail-all", 0.2),
+           ("tiered+spec", 0.1), ("tiered+spec", 0.2), ("h2o", 0.1),
            ("quest", 0.1)]
 
 
@@ -85,6 +88,8 @@ def kv_flags(policy, alpha):
     if policy in ("tiered+tail", "tiered+tail-all"):
         return ["--kv-policy", "tiered", "--kv-alpha", str(alpha), "--kv-tail", "4"] + \
             (["--kv-tail-min", "0"] if policy == "tiered+tail-all" else [])
+    if policy == "tiered+spec":
+        return ["--kv-policy", "tiered", "--kv-alpha", str(alpha), "--kv-spec"]
     return ["--kv-policy", policy, "--kv-alpha", str(alpha)]
 
 
@@ -272,7 +277,10 @@ def write_report(results):
              "with the unselected tokens' share of its attention, weighted from their scores, over a "
              "4-bit copy of the values (DRAM), for the tokens whose share of a head is at least the "
              "uniform one (the default `--kv-tail-min 1`); tiered+tail-all: every unselected token "
-             "(`--kv-tail-min 0`).", ""]
+             "(`--kv-tail-min 0`). tiered+spec: tiered with `--kv-spec`, each layer's tokens "
+             "selected with a query speculated from the previous layer's input (that layer's "
+             "own query projection of it), as the storage agent's pipeline uses it; the "
+             "attention itself uses the real query.", ""]
     for key, res in results.items():
         lines += [f"## {res['name']}", "",
                   f"Run {res.get('date', '?')}, {res.get('minutes', '?')} min"

@@ -319,6 +319,10 @@ typedef struct tr_session_params {
     /* APP's rates taken from the caller instead of measured (0: measured): host and agent
      * scoring, tokens/s; hot-pool copies and the agent's rows, bytes/s */
     double kv_app_f_c, kv_app_f_s, kv_app_b_c, kv_app_b_s;
+    /* tiered: select each layer's tokens with a query speculated from the previous layer's input,
+     * so that the selection and its reads overlap the previous layer's (InfiniGen's idea); the
+     * attention still uses the layer's own query. Not with kv_tail_bits */
+    bool kv_spec;
 } tr_session_params;
 
 typedef struct tr_session_kv_stats {
@@ -341,6 +345,10 @@ typedef struct tr_session_kv_stats {
     double tail_share;
     /* --kv-tail: fraction of the unselected (token, KV head) pairs summed (see kv_tail_min) */
     double tail_kept;
+    /* --kv-spec (cumulative): rows selected with a speculative query, those selected and read
+     * during the previous layer, and the mean cosine between speculative and real queries */
+    uint64_t spec_rows, spec_early;
+    double spec_cos;
 } tr_session_kv_stats;
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 

@@ -443,6 +443,30 @@ static void check_axpy_rows(const tr_kernels *fast, int ti, int64_t n, tu_rng *r
     free(tab);
 }
 
+/* axpy_f16 (the attention's weighted sum of F16 value rows): the family's bits against the
+ * reference's (a multiply then an add in float, both), with ragged lengths around the 8-wide step,
+ * values over the whole F16 range (subnormals included), and the output past n untouched */
+static void check_axpy_f16(const tr_kernels *fast, tu_rng *r) {
+    static const int64_t ns[] = {1, 7, 8, 9, 64, 127, 128, 131};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int64_t n = ns[k];
+        uint16_t v[140];
+        float out[2][144];
+        for (int64_t d = 0; d < n; d++) {
+            uint16_t h;
+            do h = (uint16_t)tu_next(r);
+            while ((h & 0x7c00) == 0x7c00); /* finite values only */
+            v[d] = h;
+        }
+        for (int i = 0; i < 144; i++) out[0][i] = out[1][i] = (float)(tu_next(r) % 2001) / 100.0f - 10.0f;
+        const float p = (float)(tu_next(r) % 1000 + 1) / 1000.0f;
+        tr_axpy_f16_of(fast)(n, out[0], v, p);
+        tr_axpy_f16_ref(n, out[1], v, p);
+        TU_CHECK(!memcmp(out[0], out[1], sizeof out[0]), "%s axpy_f16 n=%lld differs from the "
+                 "reference (or wrote past n)", fast->isa, (long long)n);
+    }
+}
+
 /* Negative control: results of simulated kernel bugs must fail the check. The bugs are made on
  * the reference (so they are exactly what a broken kernel would return for these inputs):
  *   decode - every code byte of the last block XOR 0x11 (two nibbles / bit fields off by one
@@ -666,6 +690,7 @@ int main(void) {
         for (int ti = 0; ti < N_TYPES; ti++)
             if (k_types[ti] == TR_TYPE_Q4_0 || k_types[ti] == TR_TYPE_Q8_0)
                 for (int nb = 1; nb <= 5; nb++) check_axpy_rows(fams[f], ti, nb * 32, &r);
+        for (int rep = 0; rep < 4; rep++) check_axpy_f16(fams[f], &r);
     }
 
     /* matmul: every family (scalar included: it checks the row/column splitting itself) */

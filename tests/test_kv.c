@@ -246,7 +246,7 @@ static const shp SHAPES[] = {
 
 static float g_alpha1_worst;
 
-/* ws: 0 whole working set, 1 a small one (read in halves), 2 whole and read in TR_KV_GATHERS
+/* ws: 0 whole working set, 1 a small one (read in halves), 2 whole and read in TR_KV_PIPE
  * chunks at every size (attended chunk by chunk as they come in) */
 static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, int ws,
                                 const data *d) {
@@ -492,7 +492,7 @@ static void test_selection(void) {
                     if (k >= nc)
                         for (int32_t i = 0; i < nc; i++) want[cand[i]] = 1;
                     int32_t n = 0;
-                    tr_status st = tr_kv_select_row(kv, g_pool, l, pos, q, 0.125f, swa, &n, &err);
+                    tr_status st = tr_kv_select_row(kv, g_pool, l, pos, q, false, 0.125f, swa, &n, &err);
                     TU_CHECK(st == TR_OK, "select: %s", err.msg);
                     int32_t nwant = 0, miss = 0;
                     for (int32_t t = 0; t < 500; t++) nwant += want[t];
@@ -900,7 +900,7 @@ static void test_quest(void) {
             tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_OK, "quest attend: %s", err.msg);
         int32_t n = 0;
-        st = tr_kv_select_row(kv, g_pool, 0, pos, q, 0.125f, 0, &n, &err);
+        st = tr_kv_select_row(kv, g_pool, 0, pos, q, false, 0.125f, 0, &n, &err);
         memset(allow, 0, 300);
         int whole = 1;
         for (int32_t i = 0; i < n; i++) allow[kv->sel[i]] = 1;
@@ -1664,7 +1664,7 @@ static void test_csd(void) {
         if (i >= 2) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
         kv[i] = mk(&s, &p[i]);
         if (kv[i]) kv[i]->read_gap = 0; /* as the agent reads: the same gathered lists */
-        /* runs 0/1 read every selection as TR_KV_GATHERS chunks attended as they arrive (the
+        /* runs 0/1 read every selection as TR_KV_PIPE chunks attended as they arrive (the
          * agent: one row request, attended in the same chunks) */
         if (kv[i] && i < 2) kv[i]->pipe_min = 1;
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
@@ -1872,6 +1872,159 @@ static pid_t start_listener(const char *sock) {
     return 0;
 }
 
+/* --kv-spec: a selection made ahead (during the previous layer's attention, its reads started
+ * then) equals the same speculative selection made at the layer itself; the agent's equals the
+ * host's; the speculation is used (outputs differ from selecting with the real query); the row's
+ * own record, stored after the reads were started, is attended; misuse is a named error */
+static void test_spec(void) {
+    const shp s = {"GQA", 3, 400, 8, 2, 64, 64};
+    enum { N0 = 200, NR = 4 };
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 77, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    const uint64_t rec = (uint64_t)s.nkv * (uint64_t)(s.hdk + s.hdv) * 2;
+    /* 0: ahead, host; 1: at the layer, host; 2: ahead, agent; 3: no speculation */
+    tr_kv *kv[NR] = {0};
+    for (int i = 0; i < NR; i++) {
+        tr_kv_params p = params(TR_KV_TIERED, 0.15f);
+        p.n_window = TR_KV_PAGE; /* as in use: at least a page (see tr_kv_select_row) */
+        p.hot_bytes = hot_min(&s, &p) + (uint64_t)s.nl * 32 * rec;
+        p.cold_dir = g_tmp;
+        p.bkp = TR_KV_BKP_ON;
+        p.beta = 0.5f; /* the same host/agent split everywhere */
+        p.spec = i != 3;
+        p.csd = i == 2;
+        p.csd_chunk = 64;
+        kv[i] = mk(&s, &p);
+        if (!kv[i]) goto out;
+        kv[i]->read_gap = 0;
+        kv[i]->pipe_min = 1; /* pipelined reads at every size: the ones started ahead */
+        if (!fill(kv[i], &d, 0, N0)) goto out;
+    }
+    {
+        float *q = malloc(sizeof(float) * qn * s.nl), *qs = malloc(sizeof(float) * qn * s.nl);
+        float *o[NR];
+        for (int i = 0; i < NR; i++) o[i] = malloc(sizeof(float) * on);
+        const float scale = 1.0f / sqrtf((float)s.hdk);
+        tr_error err = {0};
+        int same01 = 0, same02 = 0, same03 = 0, n = 0, failed = 0;
+        for (int32_t pos = N0; pos < s.nctx && !failed; pos++) {
+            for (int32_t l = 0; l < s.nl; l++) {
+                query_make(q + l * qn, &s, pos, 500 + (uint64_t)l, false);
+                query_make(qs + l * qn, &s, pos, 7000 + (uint64_t)l * 31 + (uint64_t)pos, false);
+            }
+            for (int32_t l = 0; l < s.nl && !failed; l++) {
+                for (int i = 0; i < NR && !failed; i++) {
+                    tr_status st = TR_OK;
+                    if ((i == 0 || i == 2) && l + 1 < s.nl) /* ahead: during layer l */
+                        st = tr_kv_spec_query(kv[i], l + 1, 1, &pos, qs + (l + 1) * qn, qn, scale,
+                                              0, &err);
+                    if (!st) st = tr_kv_append(kv[i], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
+                    if (!st && i == 1 && l > 0) /* at the layer itself */
+                        st = tr_kv_spec_query(kv[i], l, 1, &pos, qs + l * qn, qn, scale, 0, &err);
+                    if (!st)
+                        st = tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q + l * qn, qn, scale,
+                                               NULL, 0, o[i], on, &err);
+                    if (st) {
+                        TU_CHECK(0, "spec run %d, step %d, layer %d: %s", i, pos, l, err.msg);
+                        failed = 1;
+                    }
+                }
+                if (failed) break;
+                if (l == 0) continue; /* layer 0 has no speculation */
+                n++;
+                same01 += !memcmp(o[0], o[1], on * sizeof(float));
+                same02 += !memcmp(o[0], o[2], on * sizeof(float));
+                same03 += !memcmp(o[0], o[3], on * sizeof(float));
+            }
+        }
+        tr_kv_stats st[NR];
+        for (int i = 0; i < NR; i++) tr_kv_get_stats(kv[i], &st[i]);
+        TU_CHECK(!failed && same01 == n && same02 == n,
+                 "speculative selection: ahead vs at the layer %d of %d outputs identical, agent "
+                 "vs host %d", same01, n, same02);
+        TU_CHECK(same03 < n / 2, "the speculative query is not used: %d of %d outputs equal to "
+                 "the real query's selection", same03, n);
+        TU_CHECK(st[0].spec_rows == (uint64_t)n && st[0].spec_early == (uint64_t)n &&
+                     st[2].spec_early == (uint64_t)n && st[1].spec_rows == (uint64_t)n &&
+                     st[1].spec_early == 0 && st[3].spec_rows == 0,
+                 "spec counters: ahead %llu/%llu, agent %llu, at the layer %llu/%llu of %d",
+                 (unsigned long long)st[0].spec_early, (unsigned long long)st[0].spec_rows,
+                 (unsigned long long)st[2].spec_early, (unsigned long long)st[1].spec_early,
+                 (unsigned long long)st[1].spec_rows, n);
+        TU_CHECK(st[2].bytes_read == st[0].bytes_read && st[0].bytes_read > 0,
+                 "rows read: agent %llu, host %llu", (unsigned long long)st[2].bytes_read,
+                 (unsigned long long)st[0].bytes_read);
+        printf("spec: %d layer steps selected ahead, identical to the same selection made at the "
+               "layer and to the agent's; %d of them equal to the real query's; mean cosine %.3f\n",
+               n, same03, st[0].spec_rows ? st[0].spec_cos_sum / (double)st[0].spec_rows : 0.0);
+        /* a selection made ahead for a step that does not come (truncated): dropped, its reads
+         * waited for; the next steps are exact again */
+        int32_t pos = s.nctx - 8;
+        tr_status ts = tr_kv_truncate(kv[2], pos, &err);
+        for (int32_t l = 0; l < 1 && !ts; l++) {
+            ts = tr_kv_spec_query(kv[2], 1, 1, &pos, qs + qn, qn, scale, 0, &err);
+            if (!ts) ts = tr_kv_append(kv[2], 0, pos, dk(&d, 0, pos), dv(&d, 0, pos), &err);
+            if (!ts)
+                ts = tr_kv_attend_rows(kv[2], g_pool, 0, 1, &pos, q, qn, scale, NULL, 0, o[2],
+                                       on, &err);
+        }
+        if (!ts) ts = tr_kv_truncate(kv[2], pos, &err); /* layer 1's selection was made ahead */
+        for (int32_t l = 0; l < s.nl && !ts; l++) {
+            ts = tr_kv_append(kv[2], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
+            if (!ts)
+                ts = tr_kv_attend_rows(kv[2], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[2],
+                                       on, &err);
+        }
+        TU_CHECK(!ts, "spec: truncate with a selection made ahead: %s", err.msg);
+        /* rows computed together (a prefill), as the forward pass gives them: layer l + 1's
+         * queries before layer l attends; each layer's rows select with its own */
+        const uint64_t rows0 = kv[0]->spec_rows;
+        pos = s.nctx - 8;
+        ts = tr_kv_truncate(kv[0], pos, &err);
+        const int32_t prow[2] = {pos, pos + 1};
+        for (int32_t l = 0; l < s.nl && !ts; l++) {
+            if (l + 1 < s.nl)
+                ts = tr_kv_spec_query(kv[0], l + 1, 2, prow, qs + (l + 1) * qn, 0, scale, 0, &err);
+            for (int r = 0; r < 2 && !ts; r++)
+                ts = tr_kv_append(kv[0], l, prow[r], dk(&d, l, prow[r]), dv(&d, l, prow[r]), &err);
+            float o2[2 * 8 * 64];
+            if (!ts)
+                ts = tr_kv_attend_rows(kv[0], g_pool, l, 2, prow, q + l * qn, 0, scale, NULL, 0,
+                                       o2, on, &err);
+        }
+        TU_CHECK(!ts && kv[0]->spec_rows - rows0 == (uint64_t)(2 * (s.nl - 1)),
+                 "spec, 2 rows at once: %llu rows selected with their speculative query, want %d "
+                 "(%s)", (unsigned long long)(kv[0]->spec_rows - rows0), 2 * (s.nl - 1),
+                 ts ? err.msg : "ok");
+        for (int i = 0; i < NR; i++) free(o[i]);
+        free(q);
+        free(qs);
+    }
+    {
+        tr_error err = {0};
+        int32_t pos = 0;
+        float qq[8] = {0};
+        TU_CHECK(tr_kv_spec_query(kv[3], 1, 1, &pos, qq, 0, 1.0f, 0, &err) == TR_E_ARG &&
+                     strstr(err.msg, "--kv-spec"),
+                 "a speculative query without --kv-spec: %s", err.msg);
+        tr_kv_params p = params(TR_KV_TIERED, 0.15f);
+        p.spec = true;
+        p.tail_bits = 4;
+        tr_kv *bad = NULL;
+        const tr_kv_shape sh = to_shape(&s);
+        TU_CHECK(tr_kv_create(&sh, &p, &bad, &err) == TR_E_ARG && strstr(err.msg, "--kv-tail"),
+                 "--kv-spec with --kv-tail: %s", err.msg);
+        p = params(TR_KV_QUEST, 0.15f);
+        p.spec = true;
+        TU_CHECK(tr_kv_create(&sh, &p, &bad, &err) == TR_E_ARG && strstr(err.msg, "tiered"),
+                 "--kv-spec with quest: %s", err.msg);
+    }
+out:
+    for (int i = 0; i < NR; i++) tr_kv_free(kv[i]);
+    data_free(&d);
+}
+
 /* one decode step at pos through every layer: append, then attend one query row */
 static tr_status decode_step(tr_kv *kv, const data *d, const shp *s, int32_t pos, float *q,
                              float *o, tr_error *err) {
@@ -2031,6 +2184,7 @@ int main(void) {
     test_app_rates();
     test_csd();
     test_csd_listen();
+    test_spec();
     rmdir(g_tmp);
     tr_pool_free(g_pool);
     return tu_result("test_kv");

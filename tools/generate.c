@@ -177,6 +177,11 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
             fprintf(stderr, "terrace: kv tail      %.1f %% of the unselected tokens summed, holding "
                             "on average %.2f %% of each head's attention\n",
                     100.0 * kv.tail_kept, 100.0 * kv.tail_share);
+        if (kv.spec_rows)
+            fprintf(stderr, "terrace: kv spec      %llu rows selected with a speculative query "
+                            "(%llu during the previous layer), cosine to the real query %.3f\n",
+                    (unsigned long long)kv.spec_rows, (unsigned long long)kv.spec_early,
+                    kv.spec_cos);
         if (kv.csd_score_bytes)
             fprintf(stderr, "terrace: kv agent     to the host: scores %s, rows %s; read %s from "
                             "storage; beta %.2f (host scores %.2f M tokens/s, agent %.2f M)\n",

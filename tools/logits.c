@@ -58,6 +58,7 @@ int cmd_logits(int argc, char **argv) {
         {"kv-tail", required_argument, NULL, 0x100 + 1},
         {"kv-tail-min", required_argument, NULL, 0x100 + 2},
         {"csd-socket", required_argument, NULL, 0x100 + 3},
+        {"kv-spec", no_argument, NULL, 0x100 + 4},
         {"kv-bkp", required_argument, NULL, 'O'},
         {"csd", no_argument, NULL, 'Q'},
         {"kv-beta", required_argument, NULL, 'J'},
@@ -108,6 +109,7 @@ int cmd_logits(int argc, char **argv) {
             sp.csd = true;
             sp.csd_socket = optarg;
             break;
+        case 0x104: sp.kv_spec = true; break;
         case 'O': sp.kv_bkp = optarg; break;
         case 'Q': sp.csd = true; break;
         case 'J': sp.kv_beta = (float)atof(optarg); break;

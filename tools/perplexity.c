@@ -126,6 +126,10 @@ int cmd_perplexity(int argc, char **argv) {
         fprintf(stderr, "perplexity: kv tail: %.1f %% of the unselected tokens summed, holding on "
                         "average %.2f %% of each head's attention\n",
                 100.0 * kv.tail_kept, 100.0 * kv.tail_share);
+    if (kv.managed && kv.spec_rows)
+        fprintf(stderr, "perplexity: kv spec: %llu rows selected with a speculative query (%llu "
+                        "during the previous layer), cosine to the real query %.3f\n",
+                (unsigned long long)kv.spec_rows, (unsigned long long)kv.spec_early, kv.spec_cos);
     rc = 0;
 out:
     free(logits);

@@ -1,7 +1,8 @@
 /*
  * terrace-storaged: the storage agent of the tiered KV cache (protocol in src/kv/csd.h). Started
  * by the runtime with the shared region at descriptor 3 and the layers' segment files at 4, 5,
- * ...; it serves requests one at a time until QUIT or until the runtime goes (PR_SET_PDEATHSIG).
+ * ...; it serves requests in order until QUIT or until the runtime goes (PR_SET_PDEATHSIG): row
+ * requests on a thread of their own, so that the next layer's scoring runs while rows are read.
  * Or started by the user for a disk shared by several sessions: `--listen SOCKET` accepts
  * runtimes (--csd-socket SOCKET), receives the same descriptors over the socket and forks a
  * process per session that serves it the same way, until QUIT or until the connection closes.
@@ -38,6 +39,27 @@
 #include "kv/kv_internal.h"
 #include "tensor/kernels.h"
 
+struct jobset {
+    tr_io_job *jobs;
+    int64_t pending;
+    int failed; /* first failure, in msg */
+    char msg[TR_CSD_MSG];
+};
+
+/* Row requests of the two areas (the two halves of the working set: a chunked selection, or
+ * two layers' selections with --kv-spec) are served at once, each on its own thread, so the
+ * second one's reads queue behind the first's instead of waiting for its last one */
+struct rows_area {
+    struct jobset io;
+    const uint64_t *hashes;
+    int32_t n_parts, part_end[TR_CSD_PARTS]; /* the request's parts: slot ends ... */
+    int64_t part_pending[TR_CSD_PARTS];      /* ... reads outstanding (under mu) */
+    tr_csd_req *req; /* the request served (NULL: idle), under mu */
+    uint64_t seq;
+    pthread_t th;
+    struct agent *g;
+};
+
 typedef struct agent {
     tr_csd_ctl *c;
     uint8_t *base;
@@ -59,14 +81,14 @@ typedef struct agent {
     int32_t layer;
     tr_pool *pool;  /* scoring */
     tr_io_pool *io; /* storage reads */
-    tr_io_job *jobs; /* [max(n_pages, ws_cap)] */
+    /* reads in flight, counted under mu: a SCORE's key pages ([n_pages] jobs) on the serving
+     * thread, and each row area's request ([ws_cap] jobs) on that area's thread */
+    struct jobset keys_io;
+    struct rows_area area[TR_CSD_AREAS];
+    bool rows_quit;
+    uint64_t rows_clock; /* throttled: when the device and link are free again (under mu) */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int64_t pending;
-    int failed; /* first failure, in msg */
-    char msg[TR_CSD_MSG];
-    tr_csd_req *cur;
-    const uint64_t *hashes;
+    pthread_cond_t cv, rows_cv;
     int32_t *iota; /* [n_ctx]: 0, 1, ... (the positions, as row indices) */
     /* rows land here first, the device's own DRAM, then cross to the working set in the shared
      * region (the link transfer). O_DIRECT reads into shmem's 4 KiB pages cost more per read
@@ -76,9 +98,6 @@ typedef struct agent {
      * working set moved into a shared mapping as a test, went from 461-473 to 539-564 ms */
     uint8_t *stage;
     size_t stage_bytes;
-    /* the current row request's parts: slot ends, reads outstanding (under mu) */
-    int32_t n_parts, part_end[TR_CSD_PARTS];
-    int64_t part_pending[TR_CSD_PARTS];
 } agent;
 
 /* a KV head's key rows of a layer */
@@ -88,7 +107,7 @@ static uint8_t *head_keys(const agent *g, int32_t layer, int32_t kh) {
 }
 
 static void pace(uint64_t t0, double seconds) {
-    if (seconds <= 0) return;
+    if (seconds < 0) return;
     const uint64_t want = t0 + (uint64_t)(seconds * 1e9), now = tr_io_now_ns();
     if (want <= now) return;
     const uint64_t d = want - now;
@@ -108,6 +127,13 @@ static int fail(tr_csd_req *r, tr_status st, const char *fmt, ...) {
     va_end(ap);
     r->status = (int32_t)st;
     return -1;
+}
+
+/* the row area a run's read belongs to: its job is in that area's array */
+static struct rows_area *area_of(agent *g, const tr_io_job *j) {
+    for (int a = 0; a + 1 < TR_CSD_AREAS; a++)
+        if (j >= g->area[a].io.jobs && j < g->area[a].io.jobs + g->c->ws_cap) return &g->area[a];
+    return &g->area[TR_CSD_AREAS - 1];
 }
 
 /* a storage read finished (on an I/O thread): verify it */
@@ -137,11 +163,12 @@ static void io_done(void *ctx, tr_io_job *j) {
             g->loaded[(size_t)layer * (size_t)g->n_pages + (size_t)page] = 1;
         }
     } else { /* a run of records: sub = index of its first hash, owner low bits = its position */
+        const struct rows_area *ar = area_of(g, j);
         const int32_t pos = (int32_t)(j->owner & 0xffffff);
         const int32_t n = (int32_t)(j->len / c->rec);
         for (int32_t k = 0; k < n && !msg[0]; k++)
             if (tr_kv_hash64((const uint8_t *)j->dst + (size_t)k * c->rec, c->rec, 0) !=
-                g->hashes[j->sub + (uint32_t)k])
+                ar->hashes[j->sub + (uint32_t)k])
                 snprintf(msg, sizeof msg,
                          "checksum mismatch in layer %d, page %d (position %d): the file was "
                          "changed or the storage is failing",
@@ -152,41 +179,45 @@ static void io_done(void *ctx, tr_io_job *j) {
             memcpy(g->base + c->off_ws + ((const uint8_t *)j->dst - g->stage), j->dst, j->len);
     }
     int part = -1; /* a row run's part: the first whose end is past its slot */
-    if (j->sub != UINT32_MAX) {
+    struct rows_area *ar = j->sub == UINT32_MAX ? NULL : area_of(g, j);
+    if (ar) {
         const int32_t slot = (int32_t)(((const uint8_t *)j->dst - g->stage) / c->rec);
-        for (part = 0; part + 1 < g->n_parts && slot >= g->part_end[part]; part++) {
+        for (part = 0; part + 1 < ar->n_parts && slot >= ar->part_end[part]; part++) {
         }
     }
+    struct jobset *js = ar ? &ar->io : &g->keys_io;
     pthread_mutex_lock(&g->mu);
-    if (msg[0] && !g->failed) {
-        g->failed = 1;
-        memcpy(g->msg, msg, sizeof msg);
+    if (msg[0] && !js->failed) {
+        js->failed = 1;
+        memcpy(js->msg, msg, sizeof msg);
     }
-    const bool part_done = part >= 0 && --g->part_pending[part] == 0;
-    if (--g->pending == 0 || part_done || msg[0]) pthread_cond_broadcast(&g->cv);
+    const bool part_done = part >= 0 && --ar->part_pending[part] == 0;
+    if (--js->pending == 0 || part_done || msg[0]) pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
 
-static void submit_jobs(agent *g, int32_t n) {
-    g->failed = 0;
-    g->pending = n;
-    for (int32_t i = 0; i + 1 < n; i++) g->jobs[i].next = &g->jobs[i + 1];
-    g->jobs[n - 1].next = NULL;
-    tr_io_pool_submit(g->io, &g->jobs[0], &g->jobs[n - 1]);
-}
-
-/* every submitted read done (they write into our buffers) */
-static void wait_jobs(agent *g) {
+static void submit_jobs(agent *g, struct jobset *js, int32_t n) {
     pthread_mutex_lock(&g->mu);
-    while (g->pending > 0) pthread_cond_wait(&g->cv, &g->mu);
+    js->failed = 0;
+    js->pending = n;
+    pthread_mutex_unlock(&g->mu);
+    for (int32_t i = 0; i + 1 < n; i++) js->jobs[i].next = &js->jobs[i + 1];
+    js->jobs[n - 1].next = NULL;
+    tr_io_pool_submit(g->io, &js->jobs[0], &js->jobs[n - 1]);
+}
+
+/* every submitted read of the set done (they write into our buffers) */
+static void wait_jobs(agent *g, struct jobset *js) {
+    pthread_mutex_lock(&g->mu);
+    while (js->pending > 0) pthread_cond_wait(&g->cv, &g->mu);
     pthread_mutex_unlock(&g->mu);
 }
 
-static int run_jobs(agent *g, tr_csd_req *r, int32_t n) {
+static int run_jobs(agent *g, struct jobset *js, tr_csd_req *r, int32_t n) {
     if (!n) return 0;
-    submit_jobs(g, n);
-    wait_jobs(g);
-    if (g->failed) return fail(r, TR_E_IO, "%s", g->msg);
+    submit_jobs(g, js, n);
+    wait_jobs(g, js);
+    if (js->failed) return fail(r, TR_E_IO, "%s", js->msg);
     return 0;
 }
 
@@ -254,7 +285,7 @@ static int do_score(agent *g, tr_csd_req *r) {
     uint64_t bytes = 0;
     for (int32_t pg = a / P; pg <= (b - 1) / P; pg++) {
         if (g->loaded[(size_t)r->layer * (size_t)g->n_pages + (size_t)pg]) continue;
-        g->jobs[nj++] = (tr_io_job){
+        g->keys_io.jobs[nj++] = (tr_io_job){
             .fd = TR_CSD_FD_LAYER + r->layer,
             .direct = c->direct != 0,
             .offset = c->data_off + (uint64_t)pg * c->page_bytes + c->page_qoff,
@@ -265,7 +296,7 @@ static int do_score(agent *g, tr_csd_req *r) {
             .sub = UINT32_MAX};
         bytes += g->pregion;
     }
-    if (run_jobs(g, r, nj)) return -1;
+    if (run_jobs(g, &g->keys_io, r, nj)) return -1;
     score_ctx sc = {.g = g, .r = r, .n = n};
     atomic_init(&sc.next, 0);
     tr_pool_run(g->pool, score_task, &sc);
@@ -310,7 +341,8 @@ static int do_finish(agent *g, tr_csd_req *r) {
     return 0;
 }
 
-static int do_rows(agent *g, tr_csd_req *r) {
+static int do_rows(struct rows_area *ar, tr_csd_req *r) {
+    agent *g = ar->g;
     tr_csd_ctl *c = g->c;
     if (r->layer < 0 || r->layer >= c->n_layer || r->which < 0 || r->which >= TR_CSD_AREAS || r->n_runs < 0 ||
         r->n_runs > c->ws_cap || r->n_parts < 1 || r->n_parts > TR_CSD_PARTS)
@@ -320,13 +352,13 @@ static int do_rows(agent *g, tr_csd_req *r) {
         if (r->part_end[p] < (p ? r->part_end[p - 1] : 0) || r->part_end[p] > c->ws_cap)
             return fail(r, TR_E_ARG, "rows request: part %d ends at slot %d", p, r->part_end[p]);
     const tr_csd_run *runs = (const tr_csd_run *)(g->base + c->off_runs[r->which]);
-    g->hashes = (const uint64_t *)(g->base + c->off_hashes[r->which]);
+    ar->hashes = (const uint64_t *)(g->base + c->off_hashes[r->which]);
     const uint64_t t0 = tr_io_now_ns();
     uint64_t bytes = 0, part_bytes[TR_CSD_PARTS] = {0};
     const int32_t P = c->page_tokens;
-    g->n_parts = r->n_parts;
-    memcpy(g->part_end, r->part_end, sizeof g->part_end);
-    memset(g->part_pending, 0, sizeof g->part_pending);
+    ar->n_parts = r->n_parts;
+    memcpy(ar->part_end, r->part_end, sizeof ar->part_end);
+    memset(ar->part_pending, 0, sizeof ar->part_pending);
     for (int32_t i = 0, p = 0; i < r->n_runs; i++) {
         const tr_csd_run *u = &runs[i];
         if (u->n < 1 || u->slot < 0 || u->slot + u->n > c->ws_cap || u->pos < 0 ||
@@ -336,7 +368,7 @@ static int do_rows(agent *g, tr_csd_req *r) {
         while (p + 1 < r->n_parts && u->slot >= r->part_end[p]) p++;
         if (u->slot + u->n > r->part_end[p] && p + 1 < r->n_parts)
             return fail(r, TR_E_ARG, "rows request: run %d crosses the end of part %d", i, p);
-        g->jobs[i] = (tr_io_job){.fd = TR_CSD_FD_LAYER + r->layer,
+        ar->io.jobs[i] = (tr_io_job){.fd = TR_CSD_FD_LAYER + r->layer,
                                  .direct = c->direct != 0,
                                  .offset = c->data_off + (uint64_t)(u->pos / P) * c->page_bytes +
                                            (uint64_t)(u->pos % P) * c->rec,
@@ -345,34 +377,83 @@ static int do_rows(agent *g, tr_csd_req *r) {
                                  .dst = g->stage + (size_t)u->slot * c->rec,
                                  .owner = ((uint32_t)r->layer << 24) | (uint32_t)u->pos,
                                  .sub = (uint32_t)u->hash0};
-        g->part_pending[p]++;
+        ar->part_pending[p]++;
         part_bytes[p] += (uint64_t)u->n * c->rec;
         bytes += (uint64_t)u->n * c->rec;
     }
-    if (r->n_runs) submit_jobs(g, r->n_runs);
+    struct jobset *js = &ar->io;
+    if (r->n_runs) submit_jobs(g, js, r->n_runs);
     /* publish the parts in order, each once its reads are in, verified and across (and, when
      * throttled, not before the device and the link could have delivered them) */
-    uint64_t sent = 0;
     for (int32_t p = 0; p < r->n_parts; p++) {
         pthread_mutex_lock(&g->mu);
-        while (g->part_pending[p] > 0 && !g->failed) pthread_cond_wait(&g->cv, &g->mu);
-        const int failed = g->failed;
+        while (ar->part_pending[p] > 0 && !js->failed) pthread_cond_wait(&g->cv, &g->mu);
+        const int failed = js->failed;
+        /* one device and one link serve both areas: a part is due once the ones published
+         * before it, of either area, and its own bytes could have gone through */
+        uint64_t due = 0;
+        if (!failed && (c->gbps > 0 || c->link_gbps > 0)) {
+            const double dt = fmax(rate_time((double)part_bytes[p], c->gbps),
+                                   rate_time((double)part_bytes[p], c->link_gbps));
+            const uint64_t from = g->rows_clock > t0 ? g->rows_clock : t0;
+            g->rows_clock = due = from + (uint64_t)(dt * 1e9);
+        }
         pthread_mutex_unlock(&g->mu);
         if (failed) break;
-        sent += part_bytes[p];
-        pace(t0, fmax(rate_time((double)sent, c->gbps), rate_time((double)sent, c->link_gbps)));
+        if (due) pace(due, 0.0);
         atomic_store(&c->rows_parts[r->which], p + 1);
         pthread_mutex_lock(&c->mu);
         pthread_cond_broadcast(&c->to_host);
         pthread_mutex_unlock(&c->mu);
     }
-    wait_jobs(g); /* before the request completes */
-    g->n_parts = 0;
-    if (g->failed) return fail(r, TR_E_IO, "%s", g->msg);
+    wait_jobs(g, js); /* before the request completes */
+    ar->n_parts = 0;
+    if (js->failed) return fail(r, TR_E_IO, "%s", js->msg);
     atomic_fetch_add(&c->bytes_rows, bytes);
     atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
     atomic_fetch_add(&c->rows_ns, tr_io_now_ns() - t0);
     return 0;
+}
+
+/* request seq (taken as ring slot (seq - 1) % RING) is complete: mark it, and move completed
+ * past every request complete in order (the host reuses those slots) */
+static void complete(tr_csd_ctl *c, tr_csd_req *r, uint64_t seq) {
+    if (pthread_mutex_lock(&c->mu) == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
+    r->done = seq;
+    while (c->completed < c->taken &&
+           c->ring[c->completed % TR_CSD_RING].done == c->completed + 1)
+        c->completed++;
+    pthread_cond_broadcast(&c->to_host);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* a row area's thread: its requests one after another, while the serving thread goes on */
+static void *rows_main(void *arg) {
+    struct rows_area *ar = arg;
+    agent *g = ar->g;
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (!ar->req && !g->rows_quit) pthread_cond_wait(&g->rows_cv, &g->mu);
+        tr_csd_req *r = ar->req;
+        const uint64_t seq = ar->seq;
+        pthread_mutex_unlock(&g->mu);
+        if (!r) return NULL;
+        do_rows(ar, r);
+        pthread_mutex_lock(&g->mu);
+        ar->req = NULL;
+        pthread_cond_broadcast(&g->rows_cv);
+        pthread_mutex_unlock(&g->mu);
+        complete(g->c, r, seq);
+    }
+}
+
+/* the row area's thread (every one's: NULL) has finished its request */
+static void rows_idle(agent *g, struct rows_area *only) {
+    pthread_mutex_lock(&g->mu);
+    for (int a = 0; a < TR_CSD_AREAS; a++)
+        while ((!only || only == &g->area[a]) && g->area[a].req)
+            pthread_cond_wait(&g->rows_cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
 }
 
 /* whether the runtime we serve is still there: our parent, or the other end of the connection */
@@ -412,11 +493,16 @@ static int serve(pid_t host, int sock) {
     const size_t hs_bytes = (size_t)c->n_head * (size_t)c->n_ctx * 4;
     const size_t keys_bytes = (size_t)c->n_layer * (size_t)c->n_head_kv * (size_t)c->n_ctx * c->qrow;
     const size_t raw_bytes = (size_t)g.n_pages * g.pstride;
-    const int32_t n_jobs = g.n_pages > c->ws_cap ? g.n_pages : c->ws_cap;
     g.hs = malloc(hs_bytes);
     g.tmp = malloc((size_t)c->chunk * 4);
     g.loaded = calloc((size_t)c->n_layer * (size_t)g.n_pages, 1);
-    g.jobs = calloc((size_t)n_jobs, sizeof *g.jobs);
+    g.keys_io.jobs = calloc((size_t)g.n_pages, sizeof(tr_io_job));
+    bool areas_ok = true;
+    for (int a = 0; a < TR_CSD_AREAS; a++) {
+        g.area[a].g = &g;
+        g.area[a].io.jobs = calloc((size_t)(c->ws_cap > 0 ? c->ws_cap : 1), sizeof(tr_io_job));
+        areas_ok = areas_ok && g.area[a].io.jobs;
+    }
     g.iota = malloc((size_t)c->n_ctx * sizeof *g.iota);
     for (int32_t t = 0; g.iota && t < c->n_ctx; t++) g.iota[t] = t;
     g.raw = mmap(NULL, raw_bytes, PROT_READ | PROT_WRITE,
@@ -434,10 +520,14 @@ static int serve(pid_t host, int sock) {
     pthread_cond_init(&g.cv, NULL);
     tr_error err = {0};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!g.hs || !g.tmp || !g.loaded || !g.jobs || !g.iota || g.keys == MAP_FAILED ||
+    pthread_cond_init(&g.rows_cv, NULL);
+    if (!g.hs || !g.tmp || !g.loaded || !g.keys_io.jobs || !areas_ok || !g.iota ||
+        g.keys == MAP_FAILED ||
         g.raw == MAP_FAILED || g.stage == MAP_FAILED ||
         tr_pool_create(ncpu > 0 ? (int)ncpu : 1, &g.pool, &err) ||
-        tr_io_pool_create(64, io_done, &g, &g.io, &err)) {
+        tr_io_pool_create(64, io_done, &g, &g.io, &err) ||
+        pthread_create(&g.area[0].th, NULL, rows_main, &g.area[0]) ||
+        pthread_create(&g.area[1].th, NULL, rows_main, &g.area[1])) {
         fprintf(stderr, "terrace-storaged: out of memory or threads %s\n", err.msg);
         return 2;
     }
@@ -456,23 +546,38 @@ static int serve(pid_t host, int sock) {
             if (!host_alive(host, sock)) _exit(0); /* the runtime is gone */
         }
         tr_csd_req *r = &c->ring[c->taken % TR_CSD_RING];
-        c->taken++;
+        const uint64_t seq = ++c->taken;
         pthread_mutex_unlock(&c->mu);
         const int op = r->op;
+        if (op == TR_CSD_OP_ROWS && r->which >= 0 && r->which < TR_CSD_AREAS) {
+            /* to its area's thread, once that has finished its last request */
+            struct rows_area *ar = &g.area[r->which];
+            rows_idle(&g, ar);
+            pthread_mutex_lock(&g.mu);
+            ar->req = r;
+            ar->seq = seq;
+            pthread_cond_broadcast(&g.rows_cv);
+            pthread_mutex_unlock(&g.mu);
+            continue;
+        }
         if (op == TR_CSD_OP_SCORE)
             do_score(&g, r);
         else if (op == TR_CSD_OP_FINISH)
             do_finish(&g, r);
+        else if (op == TR_CSD_OP_QUIT)
+            rows_idle(&g, NULL);
         else if (op == TR_CSD_OP_ROWS)
-            do_rows(&g, r);
-        else if (op != TR_CSD_OP_QUIT)
+            fail(r, TR_E_ARG, "rows request: area %d of %d", r->which, TR_CSD_AREAS);
+        else
             fail(r, TR_E_ARG, "unknown request %d", op);
-        pthread_mutex_lock(&c->mu);
-        c->completed++;
-        pthread_cond_broadcast(&c->to_host);
-        pthread_mutex_unlock(&c->mu);
+        complete(c, r, seq);
         if (op == TR_CSD_OP_QUIT) break;
     }
+    pthread_mutex_lock(&g.mu);
+    g.rows_quit = true;
+    pthread_cond_broadcast(&g.rows_cv);
+    pthread_mutex_unlock(&g.mu);
+    for (int a = 0; a < TR_CSD_AREAS; a++) pthread_join(g.area[a].th, NULL);
     tr_io_pool_free(g.io);
     tr_pool_free(g.pool);
     munmap(g.keys, keys_bytes);
@@ -481,7 +586,8 @@ static int serve(pid_t host, int sock) {
     free(g.hs);
     free(g.tmp);
     free(g.loaded);
-    free(g.jobs);
+    free(g.keys_io.jobs);
+    for (int a = 0; a < TR_CSD_AREAS; a++) free(g.area[a].io.jobs);
     free(g.iota);
     munmap(m, probe.total);
     return 0;

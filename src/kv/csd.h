@@ -24,6 +24,10 @@
  * The host and the agent compute the scores with the same functions on the same bytes, so the
  * agent selects exactly what host scoring selects (test_kv checks it).
  *
+ * The agent reads a ROWS request's rows on a thread of its own, so that it scores the next
+ * layer's SCORE and FINISH (--kv-spec selects it ahead) while the rows are read: requests can
+ * complete out of order, each marked done in its ring slot.
+ *
  * Synchronisation: a process-shared robust mutex and two condition variables (CLOCK_MONOTONIC).
  * The host waits in slices of 50 ms and checks the agent between them: an agent that dies
  * mid-step fails the step with a clear error within a second. The agent dies with the runtime.
@@ -51,10 +55,10 @@
 #include <sys/socket.h>
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
-#define TR_CSD_VERSION 6
+#define TR_CSD_VERSION 7
 #define TR_CSD_AREAS   2 /* row requests in flight: the two halves of a chunked working set (a
                            * pipelined selection goes to the agent as one request) */
-#define TR_CSD_RING    4
+#define TR_CSD_RING    8
 #define TR_CSD_PARTS   4 /* a row request's parts, published as each is in (the host attends
                           * over a part while the later ones are still read) */
 #define TR_CSD_MSG     1024
@@ -98,6 +102,8 @@ typedef struct tr_csd_req {
                            or a restore): the agent's copies of them are stale; -1 none */
     int32_t status; /* filled by the agent: 0 ok, else a tr_status */
     char msg[TR_CSD_MSG];
+    uint64_t done;  /* the agent: this request's number once it is complete (a row request
+                       completes on its own thread, so a later request can complete first) */
 } tr_csd_req;
 
 typedef struct tr_csd_run {
@@ -126,7 +132,8 @@ typedef struct tr_csd_ctl {
     pthread_mutex_t mu;
     pthread_cond_t to_agent, to_host;
     tr_csd_req ring[TR_CSD_RING];
-    uint64_t posted, taken, completed; /* request counts (under mu) */
+    uint64_t posted, taken, completed; /* request counts (under mu); completed: every request up
+                                          to it is complete (the ring's free slots) */
     _Atomic int64_t produced;          /* FINISH: entries ready */
     _Atomic int32_t rows_parts[TR_CSD_AREAS]; /* ROWS: parts complete (reset by the host) */
     _Atomic int32_t ready;             /* the agent is up */

@@ -114,6 +114,11 @@ static tr_status wait_slice(tr_kv *kv, tr_error *err) {
     return TR_OK;
 }
 
+/* request seq is complete (under the lock) */
+static bool req_done(const tr_csd_ctl *c, uint64_t seq) {
+    return c->completed >= seq || c->ring[(seq - 1) % TR_CSD_RING].done == seq;
+}
+
 static tr_status post(tr_kv *kv, const tr_csd_req *req, uint64_t *seq, tr_error *err) {
     tr_csd_ctl *c = kv->csd_ctl;
     tr_status st = lock(kv, err);
@@ -124,6 +129,7 @@ static tr_status post(tr_kv *kv, const tr_csd_req *req, uint64_t *seq, tr_error 
     *r = *req;
     r->status = 0;
     r->msg[0] = 0;
+    r->done = 0;
     *seq = ++c->posted;
     pthread_cond_broadcast(&c->to_agent);
     pthread_mutex_unlock(&c->mu);
@@ -134,7 +140,7 @@ static tr_status wait_done(tr_kv *kv, uint64_t seq, tr_error *err) {
     tr_csd_ctl *c = kv->csd_ctl;
     tr_status st = lock(kv, err);
     if (st) return st;
-    while (c->completed < seq)
+    while (!req_done(c, seq))
         if ((st = wait_slice(kv, err))) return st;
     const tr_csd_req *r = &c->ring[(seq - 1) % TR_CSD_RING];
     if (r->status) {
@@ -477,7 +483,7 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
             if ((st = lock(kv, err))) return st;
             continue;
         }
-        if (got >= n_a || c->completed >= seq) break;
+        if (got >= n_a || req_done(c, seq)) break;
         if ((st = wait_slice(kv, err))) return st;
     }
     pthread_mutex_unlock(&c->mu);
@@ -644,7 +650,7 @@ tr_status tr_kv_csd_rows_wait_part(tr_kv *kv, int which, int part, tr_error *err
     const uint64_t t0 = tr_io_now_ns();
     tr_status st = lock(kv, err);
     if (st) return st;
-    while (atomic_load(&c->rows_parts[which]) <= part && c->completed < G->csd_seq)
+    while (atomic_load(&c->rows_parts[which]) <= part && !req_done(c, G->csd_seq))
         if ((st = wait_slice(kv, err))) return st;
     const bool in = atomic_load(&c->rows_parts[which]) > part;
     pthread_mutex_unlock(&c->mu);

@@ -118,6 +118,12 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
                        "--kv-tail %d needs host scoring: the storage agent (--csd) "
                        "returns no estimate for the tokens it leaves out",
                        p->tail_bits);
+    if (p->spec && p->policy != TR_KV_TIERED)
+        return tr_fail(err, TR_E_ARG, "--kv-spec needs --kv-policy tiered (policy %s)",
+                       tr_kv_policy_name(p->policy));
+    if (p->spec && p->tail_bits)
+        return tr_fail(err, TR_E_ARG, "--kv-spec does not combine with --kv-tail %d: the tail "
+                       "needs the scores of the layer's own query", p->tail_bits);
     if (p->n_threads < 0 || p->n_threads > 4096 || p->io_threads < 0 || p->io_threads > 256)
         return tr_fail(err, TR_E_ARG, "KV threads %d / I/O threads %d", p->n_threads,
                        p->io_threads);
@@ -173,6 +179,14 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
                        "bytes) are needed",
                        (unsigned long long)p->ws_bytes, (unsigned long long)ws,
                        (unsigned long long)min_ws, (unsigned long long)(min_ws * rec));
+    /* --kv-spec: the next layer's selection is read while this one's is attended, each in its
+     * half of the working set (an automatic one is made big enough for two selections) */
+    if (p->spec && !p->ws_bytes) {
+        const uint64_t sel = (uint64_t)tr_kv_count(p->alpha, s->n_ctx) + (uint64_t)p->n_sink +
+                             (uint64_t)p->n_window + 2 * TR_KV_PAGE;
+        const uint64_t two = 2 * (sel < n_ctx ? sel : n_ctx);
+        if (ws < two) ws = two;
+    }
     if (ws > 1 && ws % 2) ws--; /* two halves when a step is processed in chunks */
     o->ws_cap = (int32_t)ws;
 
@@ -224,6 +238,7 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
         d += L * nkv * n_ctx * o->vrow + nh * ((uint64_t)o->hdv_pad * 4 + 4) +
              nkv * (n_ctx + 1) * 4; /* positions summed per KV head */
     d += n_ctx * (4 + 4 + 4 + 1 + 1) + (uint64_t)o->n_pages * 4; /* selection scratch */
+    if (p->spec) d += 2 * n_ctx * (4 + 1);                        /* two layers' lists */
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
     d += (uint64_t)o->n_scratch * (ws * 6 + (uint64_t)s->head_dim_k * 2);
     d += TR_KV_ROW_BLOCK * (nh * 12 + 8);               /* softmax state, ranges */
@@ -276,6 +291,7 @@ static void *kv_alloc(size_t n, size_t align, uint64_t *total) {
 
 void tr_kv_free(tr_kv *kv) {
     if (!kv) return;
+    tr_kv_spec_drop(kv); /* reads of a selection made ahead target the working set */
     tr_kv_csd_stop(kv); /* the agent reads the segment files: it goes first */
     tr_kv_io_free(kv);
     tr_kv_cold_close(kv);
@@ -321,6 +337,10 @@ void tr_kv_free(tr_kv *kv) {
     free(kv->vlo);
     free(kv->vhi);
     free(kv->skip);
+    for (int i = 0; i < 2; i++) {
+        free(kv->plist[i]);
+        free(kv->pskip[i]);
+    }
     free(kv->csd_m);
     free(kv->csd_c);
     free(kv->csd_z);
@@ -371,7 +391,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     /* the agent serves scattered reads on its own I/O threads, and joined reads would carry
      * unselected rows across the link */
     kv->read_gap = params->csd ? 0 : KV_READ_GAP;
-    kv->pipe = TR_KV_GATHERS;
+    kv->pipe = TR_KV_PIPE;
     tr_kv_app_init(kv);
     kv->pipe_min = KV_PIPE_MIN;
     kv->data_off = pl.data_off;
@@ -511,6 +531,12 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     ALLOC(kv->vlo, TR_KV_ROW_BLOCK * 4, 0);
     ALLOC(kv->vhi, TR_KV_ROW_BLOCK * 4, 0);
     ALLOC(kv->skip, n_ctx, 0);
+    kv->spec_in[0].layer = kv->spec_in[1].layer = kv->pre.layer = -1;
+    if (params->spec)
+        for (int i = 0; i < 2; i++) {
+            ALLOC(kv->plist[i], n_ctx * 4, 0);
+            ALLOC(kv->pskip[i], n_ctx, 0);
+        }
     if (bkp) {
         ALLOC(kv->bkp_pos, slots * 4, 0);
         ALLOC(kv->bkp_key, slots * 4, 0);
@@ -636,6 +662,7 @@ tr_status tr_kv_append(tr_kv *kv, int32_t layer, int32_t pos, const float *k, co
 
 tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err) {
     if (n < 0) return tr_fail(err, TR_E_ARG, "KV truncate to %d", n);
+    tr_kv_spec_drop(kv);
     for (int32_t l = 0; l < kv->shape.n_layer; l++) {
         tr_kv_layer *L = &kv->layers[l];
         L->selected = 0;
@@ -684,6 +711,9 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->tail_share_sum = kv->tail_share_sum;
     o->tail_cand = kv->tail_cand;
     o->tail_kept = kv->tail_kept;
+    o->spec_rows = kv->spec_rows;
+    o->spec_early = kv->spec_early;
+    o->spec_cos_sum = kv->spec_cos_sum;
     tr_kv_csd_counters(kv, &o->csd_score_bytes, &o->csd_row_bytes, &o->csd_storage_bytes,
                        &o->csd_busy_ns, &o->csd_mem_bytes);
 }

@@ -113,6 +113,10 @@ typedef struct tr_kv_params {
     /* APP's rates given instead of measured (--kv-app-rates; 0: measured): host and agent
      * scoring, tokens/s; hot-pool copies and the agent's rows, bytes/s */
     double app_f_c, app_f_s, app_b_c, app_b_s;
+    /* tiered, --kv-spec: a layer's selection may be made with a speculative query given by
+     * tr_kv_spec_query before its own query exists, so that its scoring and its reads overlap
+     * the previous layer's (InfiniGen's idea); not with tail_bits */
+    bool spec;
 } tr_kv_params;
 
 typedef struct tr_kv_shape {
@@ -161,6 +165,20 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                             const float *sinks, int32_t swa, float *out, size_t out_stride,
                             tr_error *err);
 
+/* --kv-spec: the queries that will select the tokens `layer` attends for rows at positions
+ * pos[0..rows) (after RoPE and any pre-scaling, as tr_kv_attend_rows takes them; `scale` and
+ * `swa` are that layer's), made before the layer's own queries exist: the forward pass projects
+ * the previous layer's input with this layer's query weights. The row's own token, whose key is
+ * not stored yet, is always attended and not scored; the attention itself uses the real queries.
+ * - one row, given before tr_kv_attend_rows of layer - 1: that call makes the selection and
+ *   starts its reads while its own reads are in flight, so scoring and storage overlap across
+ *   layers;
+ * - otherwise: the next tr_kv_attend_rows of `layer` selects with them.
+ * q must stay valid until that call. An error if spec is off or the layer is out of range. */
+tr_status tr_kv_spec_query(tr_kv *kv, int32_t layer, int32_t rows, const int32_t *pos,
+                           const float *q, size_t q_stride, float scale, int32_t swa,
+                           tr_error *err);
+
 /* drop positions >= n in every layer (h2o: tokens evicted before n stay evicted) */
 tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err);
 
@@ -202,6 +220,11 @@ typedef struct tr_kv_stats {
     uint64_t tail_rows;
     uint64_t tail_cand, tail_kept; /* unselected (token, KV head) pairs, and those summed */
     double tail_share_sum;
+    /* --kv-spec, cumulative: selections made with a speculative query, those made (and their
+     * reads started) during the previous layer, and the summed cosine between each row's
+     * speculative and real query (all heads as one vector) */
+    uint64_t spec_rows, spec_early;
+    double spec_cos_sum;
 } tr_kv_stats;
 void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *out);
 

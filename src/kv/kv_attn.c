@@ -81,11 +81,6 @@ static inline void prefetch_row(const void *p, size_t bytes) {
 #endif
 }
 
-/* out[d] += p * v[d] over F16 v */
-static inline void axpy_f16(float *restrict out, const uint16_t *restrict v, float p, int32_t n) {
-    for (int32_t d = 0; d < n; d++) out[d] += p * tr_kv_f16[v[d]];
-}
-
 static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
     tr_kv *kv = j->kv;
     const int32_t hdk = kv->shape.head_dim_k, hdv = kv->shape.head_dim_v;
@@ -121,6 +116,7 @@ static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
     const float *q = j->q + (size_t)r * j->q_stride + (size_t)h * hdk;
     for (int32_t d = 0; d < hdk; d++) q16[d] = tr_f32_to_f16(q[d]);
     const tr_vec_dot_fn dot16 = kv->kern->vec_dot[TR_TYPE_F16];
+    const tr_axpy_f16_fn axpy = tr_axpy_f16_of(kv->kern); /* out += p * v row */
 
     float mx = -INFINITY;
     const size_t kbytes = (size_t)hdk * 2, vbytes = (size_t)hdv * 2;
@@ -162,7 +158,7 @@ static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
         for (int32_t i = 0; i < n; i++) {
             if (i + KV_PF_AHEAD < n && p16[i + KV_PF_AHEAD])
                 prefetch_row(ws_v(kv, sbase + lo + i + KV_PF_AHEAD, g), vbytes);
-            if (p16[i]) axpy_f16(out, ws_v(kv, sbase + lo + i, g), tr_kv_f16[p16[i]], hdv);
+            if (p16[i]) axpy(hdv, out, ws_v(kv, sbase + lo + i, g), tr_kv_f16[p16[i]]);
         }
         return;
     }
@@ -183,7 +179,7 @@ static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
         l += (double)e;
         const uint16_t e16 = tr_f32_to_f16(e);
         if (i + KV_PF_AHEAD < n) prefetch_row(ws_v(kv, sbase + lo + i + KV_PF_AHEAD, g), vbytes);
-        if (e16) axpy_f16(out, ws_v(kv, sbase + lo + i, g), tr_kv_f16[e16], hdv);
+        if (e16) axpy(hdv, out, ws_v(kv, sbase + lo + i, g), tr_kv_f16[e16]);
     }
     *m_st = m;
     *l_st = l;
@@ -223,12 +219,78 @@ static int32_t lower_bound(const int32_t *T, int32_t n, int32_t v) {
     return lo;
 }
 
-/* attention of rows (<= ROW_BLOCK) over the ascending positions T[0..nT) of a layer */
+/* ---- pipelined reads ---------------------------------------------------------------------------
+ * A selection that fits is read as pipe chunks, all in flight at once, and attended chunk by
+ * chunk (online softmax) as each arrives, while the later ones are still read: the attention's
+ * pass over the rows hides under the storage wait (the chunk boundaries depend only on nT and
+ * pipe, so host and agent paths attend identically). The storage agent serves one row area's
+ * requests one after another, so there the chunks are the parts of one request, published in
+ * order: as separate requests, their reads would no longer all be in flight together (measured at
+ * 32K: 3.8 s a step against 2.8 s).
+ * With --kv-spec the list of layer l goes to half l % 2 of the working set (gathers and agent
+ * row area l % 2), so that layer l + 1's list, selected ahead, is read into the other half while
+ * layer l is attended. Without it, half 0 is the whole working set. */
+
+static int pipe_np(const tr_kv *kv) {
+    return kv->pipe < 1 ? 1 : kv->pipe > TR_KV_PIPE ? TR_KV_PIPE : kv->pipe;
+}
+
+static int32_t half_cap(const tr_kv *kv) {
+    return kv->params.spec ? kv->ws_cap / 2 : kv->ws_cap;
+}
+
+static bool pipelined(const tr_kv *kv, int32_t nT) {
+    return nT <= half_cap(kv) && kv->cold && nT >= kv->pipe_min && pipe_np(kv) > 1;
+}
+
+static void pipe_bounds(int32_t nT, int np, int32_t *bnd) {
+    for (int c = 0; c <= np; c++) bnd[c] = (int32_t)((int64_t)nT * c / np);
+}
+
+static void pipe_start(tr_kv *kv, int half, int32_t layer, const int32_t *T, int32_t nT) {
+    const int np = pipe_np(kv);
+    int32_t bnd[TR_KV_PIPE + 1];
+    pipe_bounds(nT, np, bnd);
+    const int32_t slot0 = half * half_cap(kv);
+    if (kv->csd)
+        tr_kv_gather_start_parts(kv, half, layer, T, nT, slot0, np, bnd);
+    else
+        for (int c = 0; c < np; c++)
+            tr_kv_gather_start(kv, half * TR_KV_PIPE + c, layer, T + bnd[c], bnd[c + 1] - bnd[c],
+                               slot0 + bnd[c]);
+}
+
+/* chunk c of half's list is in (the agent's last part: the request's wait, its counters) */
+static tr_status pipe_wait(tr_kv *kv, int half, int c, tr_error *err) {
+    if (kv->csd)
+        return c + 1 < pipe_np(kv) ? tr_kv_csd_rows_wait_part(kv, half, c, err)
+                                   : tr_kv_gather_wait(kv, half, err);
+    return tr_kv_gather_wait(kv, half * TR_KV_PIPE + c, err);
+}
+
+/* the reads of chunks c.. of half's list, which target the working set, are over */
+static void pipe_drain(tr_kv *kv, int half, int c) {
+    if (kv->csd)
+        tr_kv_gather_wait(kv, half, NULL);
+    else
+        for (int d = c; d < pipe_np(kv); d++) tr_kv_gather_wait(kv, half * TR_KV_PIPE + d, NULL);
+}
+
+void tr_kv_spec_drop(tr_kv *kv) {
+    if (kv->pre.layer >= 0 && kv->pre.started) pipe_drain(kv, kv->pre.layer % 2, 0);
+    kv->pre.layer = -1;
+}
+
+static tr_status spec_ahead(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
+                            tr_error *err);
+
+/* attention of rows (<= ROW_BLOCK) over the ascending positions T[0..nT) of a layer; half: the
+ * working-set half of a pipelined read (--kv-spec), started: its reads were started ahead */
 static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t rows,
                              const int32_t *pos, const float *q, size_t q_stride, float scale,
                              const float *sinks, int32_t swa, float *out, size_t out_stride,
                              const int32_t *T, int32_t nT, const uint8_t *skip, bool keep,
-                             bool promote, tr_error *err) {
+                             bool promote, int half, bool started, tr_error *err) {
     tr_kv_layer *L = &kv->layers[layer];
     for (int32_t r = 0; r < rows; r++) {
         kv->vlo[r] = lower_bound(T, nT, tr_kv_visible_lo(pos[r], swa));
@@ -246,44 +308,30 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
                   .out_stride = out_stride};
     atomic_init(&j.next, 0);
     tr_status st;
-    const int np = kv->pipe < 1 ? 1 : kv->pipe > TR_KV_GATHERS ? TR_KV_GATHERS : kv->pipe;
-    if (nT <= kv->ws_cap && kv->cold && nT >= kv->pipe_min && np > 1) {
-        /* the selection fits: read it as TR_KV_GATHERS chunks, all in flight at once, and attend
-         * over each chunk (online softmax) as soon as it is in, while the later ones are still
-         * read; the attention's pass over the rows then hides under the storage wait (the chunk
-         * boundaries depend only on nT and pipe, so host and agent paths attend identically).
-         * The storage agent serves its row requests one after another, so there the chunks are
-         * the parts of one request, published in order: as separate requests, their reads
-         * would no longer all be in flight together (measured at 32K: 3.8 s a step against
-         * 2.8 s) */
-        int32_t bnd[TR_KV_GATHERS + 1];
-        for (int c = 0; c <= np; c++) bnd[c] = (int32_t)((int64_t)nT * c / np);
-        if (kv->csd)
-            tr_kv_gather_start_parts(kv, 0, layer, T, nT, 0, np, bnd);
-        else
-            for (int c = 0; c < np; c++)
-                tr_kv_gather_start(kv, c, layer, T + bnd[c], bnd[c + 1] - bnd[c], bnd[c]);
+    if (started || pipelined(kv, nT)) {
+        const int np = pipe_np(kv);
+        int32_t bnd[TR_KV_PIPE + 1];
+        pipe_bounds(nT, np, bnd);
+        const int32_t slot0 = half * half_cap(kv);
+        if (!started) pipe_start(kv, half, layer, T, nT);
+        /* --kv-spec: the next layer's selection, and its reads, while these are in flight */
+        if (rows == 1 && kv->params.spec && (st = spec_ahead(kv, pool, layer, pos[0], err))) {
+            pipe_drain(kv, half, 0);
+            return st;
+        }
         for (int c = 0; c < np; c++) {
-            if (kv->csd) /* the last part's wait is the request's: its counters, its status */
-                st = c + 1 < np ? tr_kv_csd_rows_wait_part(kv, 0, c, err)
-                                : tr_kv_gather_wait(kv, 0, err);
-            else
-                st = tr_kv_gather_wait(kv, c, err);
-            if (st) { /* the reads still in flight target the working set */
-                if (kv->csd)
-                    tr_kv_gather_wait(kv, 0, NULL);
-                else
-                    for (int d = c + 1; d < np; d++) tr_kv_gather_wait(kv, d, NULL);
+            if ((st = pipe_wait(kv, half, c, err))) {
+                pipe_drain(kv, half, c + 1);
                 return st;
             }
             j.c0 = bnd[c];
             j.c1 = bnd[c + 1];
-            j.slot0 = bnd[c];
+            j.slot0 = slot0 + bnd[c];
             j.first = c == 0;
             run_pass(pool, &j, PASS_CHUNK);
         }
         /* once, over the whole selection, as in the single gather below */
-        if (promote) tr_kv_bkp_promote(kv, L, T, 0, nT, skip, 0);
+        if (promote) tr_kv_bkp_promote(kv, L, T, 0, nT, skip, slot0);
         run_pass(pool, &j, PASS_FINAL);
         return TR_OK;
     }
@@ -297,24 +345,24 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
         run_pass(pool, &j, PASS_EXACT);
         return TR_OK;
     }
-    const int32_t half = kv->ws_cap / 2;
-    tr_kv_gather_start(kv, 0, layer, T, half, 0);
-    for (int32_t c0 = 0, c = 0; c0 < nT; c0 += half, c++) {
-        const int32_t c1 = c0 + half < nT ? c0 + half : nT;
+    const int32_t part = kv->ws_cap / 2;
+    tr_kv_gather_start(kv, 0, layer, T, part, 0);
+    for (int32_t c0 = 0, c = 0; c0 < nT; c0 += part, c++) {
+        const int32_t c1 = c0 + part < nT ? c0 + part : nT;
         /* read the next chunk into the other half while this one is computed */
         if (c1 < nT) {
-            const int32_t n1 = c1 + half < nT ? half : nT - c1;
-            tr_kv_gather_start(kv, (c + 1) % 2, layer, T + c1, n1, ((c + 1) % 2) * half);
+            const int32_t n1 = c1 + part < nT ? part : nT - c1;
+            tr_kv_gather_start(kv, (c + 1) % 2, layer, T + c1, n1, ((c + 1) % 2) * part);
         }
         st = tr_kv_gather_wait(kv, c % 2, err);
         if (st) {
             tr_kv_gather_wait(kv, (c + 1) % 2, NULL); /* its reads target the working set */
             return st;
         }
-        if (promote) tr_kv_bkp_promote(kv, L, T, c0, c1, skip, (c % 2) * half);
+        if (promote) tr_kv_bkp_promote(kv, L, T, c0, c1, skip, (c % 2) * part);
         j.c0 = c0;
         j.c1 = c1;
-        j.slot0 = (c % 2) * half;
+        j.slot0 = (c % 2) * part;
         j.first = c == 0;
         run_pass(pool, &j, PASS_CHUNK);
     }
@@ -346,6 +394,126 @@ static int32_t join_reads(tr_kv *kv, const tr_kv_layer *L, const int32_t *sel, i
         }
     }
     return m;
+}
+
+/* ---- --kv-spec ---------------------------------------------------------------------------------
+ * Layer l + 1's query exists only after layer l is done, so its scoring (and the agent's) and
+ * its reads would wait for l's reads to end. With a speculative query for l + 1 (the forward
+ * pass: l + 1's query projection of l's input, as InfiniGen does), its selection is made while
+ * l's reads are in flight, and its reads are started behind them, so storage never waits for
+ * scoring. The selection then differs from the exact one; bench/results/kv-quality.md measures
+ * what that costs. */
+
+static double cosine(const float *a, const float *b, size_t n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 0.0;
+}
+
+/* the list of a selection (kv->sel, n) as it is read: joined runs, in this layer's own buffers
+ * with --kv-spec (the next layer's selection reuses the scratch while this one is attended) */
+static int32_t make_list(tr_kv *kv, const tr_kv_layer *L, int32_t layer, int32_t n,
+                         const int32_t **T, const uint8_t **skip) {
+    int32_t nT = n;
+    *T = kv->sel;
+    *skip = NULL;
+    if (kv->read_gap > 0) { /* cand is free once the selection is made */
+        nT = join_reads(kv, L, kv->sel, n, kv->cand);
+        *T = kv->cand;
+        if (nT > n) *skip = kv->skip;
+        /* --kv-spec: a joined list too long for its half of the working set would lose the
+         * reads ahead (measured at 32K: 3.3 s a step against 2.5 s without --kv-spec); the
+         * selection alone is read instead */
+        if (kv->params.spec && nT > half_cap(kv) && n <= half_cap(kv)) {
+            nT = n;
+            *T = kv->sel;
+            *skip = NULL;
+        }
+    }
+    if (kv->params.spec) {
+        const int h = layer % 2;
+        memcpy(kv->plist[h], *T, (size_t)nT * sizeof(int32_t));
+        *T = kv->plist[h];
+        if (*skip) {
+            memcpy(kv->pskip[h], *skip, (size_t)nT);
+            *skip = kv->pskip[h];
+        }
+    }
+    return nT;
+}
+
+/* during layer's attention of the row at pos: the next layer's selection with the query given
+ * for it, and its reads when they fit the other half of the working set */
+static tr_status spec_ahead(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
+                            tr_error *err) {
+    const int32_t nl = layer + 1;
+    struct spec_in *in = &kv->spec_in[nl % 2];
+    if (in->layer != nl || in->rows != 1 || in->pos[0] != pos ||
+        kv->pre.layer >= 0 || nl >= kv->shape.n_layer)
+        return TR_OK;
+    tr_kv_layer *L = &kv->layers[nl];
+    if (L->len != pos) return TR_OK; /* not the step the query was given for */
+    const uint64_t t0 = tr_io_now_ns();
+    if (L->moved) tr_kv_bkp_step(kv, L);
+    if (pos > L->att_hi) L->att_hi = pos;
+    int32_t n = 0;
+    tr_status st = tr_kv_select_row(kv, pool, nl, pos, in->q, true, in->scale, in->swa, &n, err);
+    kv->ahead_ns += tr_io_now_ns() - t0;
+    if (st) return st;
+    const uint8_t *skip;
+    const int32_t *T;
+    const int32_t nT = make_list(kv, L, nl, n, &T, &skip);
+    kv->pre.layer = nl;
+    kv->pre.pos = pos;
+    kv->pre.n = n;
+    kv->pre.nT = nT;
+    kv->pre.skip = skip != NULL;
+    kv->pre.q = in->q;
+    kv->pre.started = pipelined(kv, nT);
+    in->layer = -1;
+    kv->spec_rows++;
+    if (kv->pre.started) {
+        pipe_start(kv, nl % 2, nl, T, nT);
+        kv->spec_early++;
+    }
+    return TR_OK;
+}
+
+tr_status tr_kv_spec_query(tr_kv *kv, int32_t layer, int32_t rows, const int32_t *pos,
+                           const float *q, size_t q_stride, float scale, int32_t swa,
+                           tr_error *err) {
+    if (!kv->params.spec)
+        return tr_fail(err, TR_E_ARG, "KV: a speculative query without --kv-spec");
+    if (layer < 0 || layer >= kv->shape.n_layer || rows < 1 || !pos || !q)
+        return tr_fail(err, TR_E_ARG, "KV speculative query: layer %d of %d, %d rows", layer,
+                       kv->shape.n_layer, rows);
+    kv->spec_in[layer % 2] = (struct spec_in){.layer = layer,
+                                              .rows = rows,
+                                              .pos = pos,
+                                              .q = q,
+                                              .stride = q_stride,
+                                              .scale = scale,
+                                              .swa = swa};
+    return TR_OK;
+}
+
+/* a list read ahead holds the row's own record as it was before the token was stored: now it is */
+static tr_status own_record(tr_kv *kv, int32_t layer, const int32_t *T, int32_t nT, int32_t pos,
+                            tr_error *err) {
+    const tr_kv_layer *L = &kv->layers[layer];
+    if (nT < 1 || T[nT - 1] != pos)
+        return tr_fail(err, TR_E_INTERNAL, "KV: layer %d: the list read ahead ends at %d, not %d",
+                       layer, nT ? T[nT - 1] : -1, pos);
+    uint8_t *dst = kv->ws + ((size_t)(layer % 2) * (size_t)half_cap(kv) + (size_t)nT - 1) * kv->rec;
+    if (L->tok[pos].where == TR_KV_TOK_HOT) {
+        memcpy(dst, L->hot + (size_t)L->tok[pos].slot * kv->rec, kv->rec);
+        return TR_OK;
+    }
+    return tr_kv_cold_read_sync(kv, layer, pos, 1, dst, err);
 }
 
 /* h2o: add this row's attention probabilities (summed over heads) to each attended token */
@@ -393,6 +561,7 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                            pos[r], layer, L->len);
     const uint64_t t0 = tr_io_now_ns();
     uint64_t t_score = 0, selected = 0;
+    kv->ahead_ns = 0;
     const tr_kv_policy pol = kv->params.policy;
     const bool selective =
         (pol == TR_KV_H2O || pol == TR_KV_QUEST || pol == TR_KV_TIERED) && kv->params.alpha < 1.0f;
@@ -412,7 +581,7 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                 if (L->tok[t].where != TR_KV_TOK_EVICTED) kv->sel[nT++] = t;
             st = attend_list(kv, pool, layer, nr, pos + r0, q + (size_t)r0 * q_stride, q_stride,
                              scale, sinks, swa, out + (size_t)r0 * out_stride, out_stride, kv->sel,
-                             nT, NULL, false, false, err);
+                             nT, NULL, false, false, 0, false, err);
             for (int32_t r = 0; r < nr; r++) selected += (uint64_t)(kv->vhi[r] - kv->vlo[r]);
         }
     } else if (kv->vrow && sinks) {
@@ -420,24 +589,53 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                                     "estimate does not handle; use --kv-tail 0");
     } else {
         /* each row is one decode step: its own selection; h2o evicts after each */
+        const bool spec = kv->params.spec;
+        const size_t nq = (size_t)kv->shape.n_head * (size_t)kv->shape.head_dim_k;
         for (int32_t r = 0; r < rows && !st; r++) {
             const float *qr = q + (size_t)r * q_stride;
-            if (L->moved) tr_kv_bkp_step(kv, L);
-            if (pos[r] > L->att_hi) L->att_hi = pos[r];
-            const uint64_t ts = tr_io_now_ns();
-            int32_t n = 0;
-            st = tr_kv_select_row(kv, pool, layer, pos[r], qr, scale, swa, &n, err);
-            t_score += tr_io_now_ns() - ts;
-            if (st) break;
-            const int32_t *T = kv->sel;
-            int32_t nT = n;
-            if (kv->read_gap > 0) { /* cand is free once the selection is made */
-                nT = join_reads(kv, L, kv->sel, n, kv->cand);
-                T = kv->cand;
+            const int32_t *T;
+            const uint8_t *skip;
+            int32_t n, nT;
+            bool started = false;
+            if (spec && rows == 1 && kv->pre.layer == layer && kv->pre.pos == pos[r]) {
+                /* selected during the previous layer (spec_ahead) */
+                n = kv->pre.n;
+                nT = kv->pre.nT;
+                T = kv->plist[layer % 2];
+                skip = kv->pre.skip ? kv->pskip[layer % 2] : NULL;
+                started = kv->pre.started;
+                kv->spec_cos_sum += cosine(kv->pre.q, qr, nq);
+                kv->pre.started = false;
+                kv->pre.layer = -1;
+                if (started && (st = own_record(kv, layer, T, nT, pos[r], err))) {
+                    pipe_drain(kv, layer % 2, 0);
+                    break;
+                }
+            } else {
+                tr_kv_spec_drop(kv); /* one made for another step */
+                /* a query given for this layer and row (tr_kv_spec_query, several rows) */
+                const struct spec_in *in = &kv->spec_in[layer % 2];
+                const float *qs = spec && in->layer == layer && r < in->rows && in->pos[r] == pos[r]
+                                      ? in->q + (size_t)r * in->stride
+                                      : NULL;
+                if (L->moved) tr_kv_bkp_step(kv, L);
+                if (pos[r] > L->att_hi) L->att_hi = pos[r];
+                const uint64_t ts = tr_io_now_ns();
+                n = 0;
+                st = tr_kv_select_row(kv, pool, layer, pos[r], qs ? qs : qr, qs != NULL, scale,
+                                      swa, &n, err);
+                t_score += tr_io_now_ns() - ts;
+                if (st) break;
+                if (qs) {
+                    kv->spec_rows++;
+                    kv->spec_cos_sum += cosine(qs, qr, nq);
+                }
+                nT = make_list(kv, L, layer, n, &T, &skip);
             }
             st = attend_list(kv, pool, layer, 1, pos + r, qr, q_stride, scale, sinks, swa,
-                             out + (size_t)r * out_stride, out_stride, T, nT,
-                             nT > n ? kv->skip : NULL, pol == TR_KV_H2O, L->moved != NULL, err);
+                             out + (size_t)r * out_stride, out_stride, T, nT, skip,
+                             pol == TR_KV_H2O, L->moved != NULL, spec ? layer % 2 : 0, started,
+                             err);
             if (st) break;
             if (kv->tail_row) add_tail(kv, out + (size_t)r * out_stride);
             selected += (uint64_t)n;
@@ -446,7 +644,10 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                 tr_kv_h2o_evict(kv, layer, pos[r]);
             }
         }
+        if (st) tr_kv_spec_drop(kv);
     }
+    if (kv->spec_in[layer % 2].layer == layer) kv->spec_in[layer % 2].layer = -1; /* used */
+    t_score += kv->ahead_ns;
     L->selected = selected;
     kv->steps++;
     kv->score_ns += t_score;

@@ -91,7 +91,8 @@ typedef struct tr_kv_layer {
 /* One gather: a batch of storage reads into the working set, completed by the I/O workers. */
 /* gathers in flight at once: the two halves of a working set too small for the selection, or
  * the chunks of one selection whose attention runs while the later chunks are still read */
-#define TR_KV_GATHERS 4
+#define TR_KV_PIPE    4 /* chunks of one pipelined selection */
+#define TR_KV_GATHERS (2 * TR_KV_PIPE) /* --kv-spec: two layers' selections in flight */
 
 typedef struct tr_kv_gather {
     struct tr_kv *kv;
@@ -144,7 +145,7 @@ struct tr_kv {
     double tail_share_sum;
     tr_kv_agg agg;
     tr_kv_eq eq_mode;
-    int32_t pipe; /* chunks a fitting selection is read and attended in (1..TR_KV_GATHERS) */
+    int32_t pipe; /* chunks a fitting selection is read and attended in (1..TR_KV_PIPE) */
     /* a baseline for the storage agent (bench_kv --pull-keys): tiered host scoring that first
      * reads every cold page's key copy of the layer from storage, as a host without the DRAM
      * copy would (the scores then come from the DRAM copy: the same bytes, verified) */
@@ -206,6 +207,27 @@ struct tr_kv {
     bool app_probed;             /* the start-up measurement is done (tr_kv_app_probe) */
     double app_beta_first;       /* the split of the first layer scored with the agent */
     int32_t app_host_lo;         /* this step's split: the host scores written positions >= it */
+    /* --kv-spec. The queries given for a layer of each parity (layer -1: none; the forward pass
+     * gives layer l + 1's before layer l attends, and layer l's is still to be used then) ... */
+    struct spec_in {
+        int32_t layer, rows, swa;
+        const int32_t *pos;
+        const float *q;
+        size_t stride;
+        float scale;
+    } spec_in[2];
+    /* ... and a selection made with it during the previous layer (layer -1: none): its gathered
+     * list in plist[layer % 2], its reads started (started) in that half of the working set */
+    struct {
+        int32_t layer, pos, n, nT;
+        bool started, skip; /* skip: pskip[layer % 2] marks joined entries */
+        const float *q;     /* the speculative query */
+    } pre;
+    uint64_t ahead_ns; /* this attend call's time selecting ahead (scoring, not attention) */
+    int32_t *plist[2]; /* [n_ctx] each: the gathered lists of two consecutive layers */
+    uint8_t *pskip[2];
+    uint64_t spec_rows, spec_early;
+    double spec_cos_sum;
     /* BKP scratch: [hot_slots] */
     int32_t *bkp_pos;
     float *bkp_key;
@@ -228,6 +250,8 @@ void tr_kv_tables_init(void);
 /* run fn on the pool, or inline as thread 0 of 1 without one or when the work (multiply-adds) is
  * too small to pay for waking the workers (a prefill calls this per row and layer) */
 void tr_kv_run(tr_pool *pool, tr_pool_fn fn, void *ctx, uint64_t work);
+/* --kv-spec: forget a selection made ahead, after its reads (they target the working set) */
+void tr_kv_spec_drop(tr_kv *kv);
 
 /* ---- kv.c ---- */
 tr_status tr_kv_append_rec(tr_kv *kv, int32_t layer, const uint8_t *rec, tr_error *err);
@@ -369,9 +393,11 @@ float tr_kv_quest_bound(const tr_kv *kv, int32_t layer, int32_t page, int32_t kv
 /* reorders idx[0..n) (indices into score) so that idx[0..k) hold the k largest scores, in no
  * particular order (ties: any of them); expected O(n) */
 void tr_kv_topk(const float *score, int32_t *idx, int32_t n, int32_t k);
-/* the positions a selective policy attends for a query at pos: ascending, into kv->sel */
+/* the positions a selective policy attends for a query at pos: ascending, into kv->sel. spec:
+ * q is a speculation (--kv-spec), and the row's own token, whose key may not be stored yet, is
+ * attended without being scored */
 tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos, const float *q,
-                           float scale, int32_t swa, int32_t *n_sel, tr_error *err);
+                           bool spec, float scale, int32_t swa, int32_t *n_sel, tr_error *err);
 void tr_kv_h2o_evict(tr_kv *kv, int32_t layer, int32_t pos);
 
 /* ceil(alpha * n), where alpha is a float: 0.4f * 25 is 10.0000001, which must be 10 */

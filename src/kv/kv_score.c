@@ -549,7 +549,7 @@ static int cmp_desc(const void *a, const void *b, void *ctx) {
 }
 
 tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos, const float *q,
-                           float scale, int32_t swa, int32_t *n_sel, tr_error *err) {
+                           bool spec, float scale, int32_t swa, int32_t *n_sel, tr_error *err) {
     tr_kv_layer *L = &kv->layers[layer];
     const tr_kv_params *p = &kv->params;
     const int32_t lo = tr_kv_visible_lo(pos, swa), n_vis = pos - lo + 1;
@@ -557,11 +557,13 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
     const int32_t win_lo = pos - p->n_window + 1 > lo ? pos - p->n_window + 1 : lo;
     const int32_t c_lo = sink_hi > lo ? sink_hi : lo;
     const int32_t k = tr_kv_count(p->alpha, n_vis);
+    /* a speculation (made before the row's token is stored) scores the tokens before it */
+    const int32_t own = spec ? pos : -1, top = spec ? pos - 1 : pos;
     int32_t *sel = kv->sel, *cand = kv->cand;
     uint8_t *mark = kv->mark;
     int32_t n_cand = 0;
     kv->tail_row = false;
-    for (int32_t t = c_lo; t < win_lo; t++)
+    for (int32_t t = c_lo; t < win_lo && t <= top; t++)
         if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_cand++] = t;
 
     bool all = p->policy == TR_KV_H2O || k >= n_cand;
@@ -570,9 +572,9 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
          * would get: the sinks and the window, attended anyway, join the normalisation */
         int32_t n_all = n_cand;
         if (kv->agg >= TR_KV_AGG_PMAX) {
-            for (int32_t t = lo; t < sink_hi; t++)
+            for (int32_t t = lo; t < sink_hi && t <= top; t++)
                 if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_all++] = t;
-            for (int32_t t = win_lo > c_lo ? win_lo : c_lo; t <= pos; t++)
+            for (int32_t t = win_lo > c_lo ? win_lo : c_lo; t <= top; t++)
                 if (L->tok[t].where != TR_KV_TOK_EVICTED) cand[n_all++] = t;
         }
         /* group A: the candidates whose pages are on storage (a prefix: cand is ascending),
@@ -657,8 +659,8 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
     }
     int32_t n = 0;
     for (int32_t t = lo; t <= pos; t++) {
-        const bool forced = t < sink_hi || t >= win_lo;
-        if (L->tok[t].where == TR_KV_TOK_EVICTED) continue;
+        const bool forced = t < sink_hi || t >= win_lo || t == own;
+        if (t != own && L->tok[t].where == TR_KV_TOK_EVICTED) continue;
         if (all || forced || mark[t]) {
             sel[n++] = t;
             mark[t] = 0;

@@ -140,6 +140,74 @@ static tr_rope_params layer_rope(const tr_model *m, const tr_layer *L) {
     };
 }
 
+/* the layer's RoPE parameters for a row of session s (rp: the layer's), and its cos/sin */
+static void rope_row(const tr_model *m, tr_rope_params *rp, const struct tr_session *s,
+                     int32_t pos, float *cs) {
+    if (m->rope_factors_long) {
+        /* llama.cpp compares its context size, which it pads to a multiple of 256 */
+        const int64_t n_ctx_pad = ((int64_t)s->n_ctx + 255) / 256 * 256;
+        rp->freq_factors = n_ctx_pad > m->hp.rope_n_ctx_orig ? m->rope_factors_long
+                                                             : m->rope_factors_short;
+    }
+    tr_rope_cache(cs, pos, rp);
+}
+
+/* a row's projected query heads as the attention takes them: QK norm, RoPE, pre-scaling */
+static void finish_q(const tr_model *m, const tr_layer *L, const tr_rope_params *rp,
+                     const float *cs, float *q) {
+    const tr_hparams *hp = &m->hp;
+    const int32_t hdk = hp->head_dim_k;
+    const int64_t nq = (int64_t)L->n_head * hdk;
+    if (m->arch->qk_norm == TR_QKNORM_HEAD)
+        for (int32_t h = 0; h < L->n_head; h++)
+            tr_rmsnorm(q + h * hdk, q + h * hdk, L->q_norm, hdk, hp->rms_eps);
+    else if (m->arch->qk_norm == TR_QKNORM_FULL)
+        tr_rmsnorm(q, q, L->q_norm, nq, hp->rms_eps);
+    for (int32_t h = 0; h < L->n_head; h++) tr_rope_apply(q + h * hdk, cs, rp);
+    if (m->arch->q_prescale)
+        for (int64_t i = 0; i < nq; i++) q[i] *= hp->attn_scale;
+}
+
+/* --kv-spec: layer l + 1's queries, speculated from layer l's input (its own norm and query
+ * projection applied to the residual stream before layer l), handed to each session's KV cache
+ * before layer l attends, so that the cache selects l + 1's tokens and starts reading them while
+ * l's reads are in flight (InfiniGen's observation: consecutive layers' inputs are close, the
+ * residual stream changing little per layer). Only the scratch's own session decides whether the
+ * buffers exist; rows of sessions without --kv-spec are skipped. */
+static tr_status spec_queries(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
+                              tr_error *err) {
+    const tr_hparams *hp = &m->hp;
+    const tr_layer *N = &m->layers[l + 1];
+    bool any = false;
+    for (int32_t r = 0; r < rows; r++) any = any || sc->row_sess[r]->kv_spec;
+    if (!any) return TR_OK;
+    const int64_t q_stride = (int64_t)hp->n_head_max * hp->head_dim_k;
+    float *qs = sc->qs[(l + 1) % 2]; /* the other holds layer l's, still to be used */
+    norm_rows(m, sc->xn, sc->x, N->attn_norm, N->attn_norm_b, rows);
+    project(m, sc, &N->wq, rows, qs, (int64_t)N->n_head * hp->head_dim_k, q_stride);
+    add_bias(qs, N->bq, rows, (int64_t)N->n_head * hp->head_dim_k, q_stride);
+    tr_rope_params rp = layer_rope(m, N);
+    for (int32_t r = 0; r < rows; r++) {
+        float *cs = sc->rope_cs + (size_t)r * hp->n_rot;
+        rope_row(m, &rp, sc->row_sess[r], sc->row_pos[r], cs);
+        finish_q(m, N, &rp, cs, qs + r * q_stride);
+    }
+    const float scale = m->arch->q_prescale ? 1.0f : hp->attn_scale;
+    for (int32_t r0 = 0; r0 < rows;) {
+        struct tr_session *s = sc->row_sess[r0];
+        int32_t r1 = r0 + 1;
+        while (r1 < rows && sc->row_sess[r1] == s) r1++;
+        if (s->kv_spec) {
+            tr_status st = tr_kv_spec_query(s->kv, l + 1, r1 - r0, sc->row_pos + r0,
+                                            qs + (size_t)r0 * q_stride, q_stride, scale,
+                                            N->swa ? hp->n_swa : 0, err);
+            if (st) return st;
+        }
+        r0 = r1;
+    }
+    return TR_OK;
+}
+
 /* rows whose session has a managed KV cache (a --kv-policy other than full): the policy stores
  * K/V and runs the attention; consecutive rows of one session go together */
 static tr_status managed_attention(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
@@ -187,28 +255,16 @@ static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t
 
     tr_rope_params rp = layer_rope(m, L);
     for (int32_t r = 0; r < rows; r++) {
-        if (m->rope_factors_long) {
-            /* llama.cpp compares its context size, which it pads to a multiple of 256 */
-            const int64_t n_ctx_pad = ((int64_t)sc->row_sess[r]->n_ctx + 255) / 256 * 256;
-            rp.freq_factors = n_ctx_pad > hp->rope_n_ctx_orig ? m->rope_factors_long
-                                                              : m->rope_factors_short;
-        }
         float *q = sc->q + r * q_stride, *k = sc->k + r * k_stride;
-        if (m->arch->qk_norm == TR_QKNORM_HEAD) {
-            for (int32_t h = 0; h < L->n_head; h++)
-                tr_rmsnorm(q + h * hdk, q + h * hdk, L->q_norm, hdk, hp->rms_eps);
+        float *cs = sc->rope_cs + (size_t)r * hp->n_rot;
+        rope_row(m, &rp, sc->row_sess[r], sc->row_pos[r], cs);
+        finish_q(m, L, &rp, cs, q);
+        if (m->arch->qk_norm == TR_QKNORM_HEAD)
             for (int32_t h = 0; h < L->n_head_kv; h++)
                 tr_rmsnorm(k + h * hdk, k + h * hdk, L->k_norm, hdk, hp->rms_eps);
-        } else if (m->arch->qk_norm == TR_QKNORM_FULL) {
-            tr_rmsnorm(q, q, L->q_norm, nq, hp->rms_eps);
+        else if (m->arch->qk_norm == TR_QKNORM_FULL)
             tr_rmsnorm(k, k, L->k_norm, nk, hp->rms_eps);
-        }
-        float *cs = sc->rope_cs + (size_t)r * hp->n_rot;
-        tr_rope_cache(cs, sc->row_pos[r], &rp);
-        for (int32_t h = 0; h < L->n_head; h++) tr_rope_apply(q + h * hdk, cs, &rp);
         for (int32_t h = 0; h < L->n_head_kv; h++) tr_rope_apply(k + h * hdk, cs, &rp);
-        if (m->arch->q_prescale)
-            for (int64_t i = 0; i < nq; i++) q[i] *= hp->attn_scale;
 
         /* the new K/V enter the row's session cache (F16, V transposed; or the policy's pools) */
         struct tr_session *s = sc->row_sess[r];
@@ -226,7 +282,8 @@ static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t
     }
 
     if (sc->row_sess[0]->kv) {
-        tr_status st = managed_attention(m, sc, l, rows, err);
+        tr_status st = sc->qs[0] && l + 1 < hp->n_layer ? spec_queries(m, sc, l, rows, err) : TR_OK;
+        if (!st) st = managed_attention(m, sc, l, rows, err);
         if (st) return st;
     } else {
         attn_job j = {.m = m, .sc = sc, .layer = l, .rows = rows,

@@ -57,6 +57,7 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     kp.app_f_s = p->kv_app_f_s;
     kp.app_b_c = p->kv_app_b_c;
     kp.app_b_s = p->kv_app_b_s;
+    kp.spec = p->kv_spec;
     for (int32_t l = 0; l < hp->n_layer; l++)
         if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
             return tr_fail(err, TR_E_UNSUPPORTED,
@@ -100,6 +101,9 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->b_c = st.b_c;
     out->b_s = st.b_s;
     out->tail_share = st.tail_rows ? st.tail_share_sum / (double)st.tail_rows : 0.0;
+    out->spec_rows = st.spec_rows;
+    out->spec_early = st.spec_early;
+    out->spec_cos = st.spec_rows ? st.spec_cos_sum / (double)st.spec_rows : 0.0;
     out->tail_kept = st.tail_cand ? (double)st.tail_kept / (double)st.tail_cand : 0.0;
 }
 
@@ -142,8 +146,8 @@ static size_t mm_scratch_bytes(const tr_model *m, int32_t rows) {
 /* Lays the scratch of a forward pass of n_batch rows out in one block; with base NULL it only
  * sizes it. Returns the bytes. One function for both, so the estimate cannot drift from what is
  * allocated. */
-static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, int nth, char *base,
-                           tr_scratch *sc) {
+static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, int nth, bool spec,
+                           char *base, tr_scratch *sc) {
     const tr_hparams *hp = &m->hp;
     const size_t R = (size_t)n_batch, E = (size_t)hp->n_embd;
     const size_t nq = (size_t)hp->n_head_max * hp->head_dim_k;
@@ -175,6 +179,10 @@ static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, in
     TAKE(row_sess, R * sizeof(tr_session *));
     TAKE(row_pos, R * 4);
     TAKE(rope_cs, R * (size_t)hp->n_rot * 4);
+    if (spec) {
+        TAKE(qs[0], R * nq * 4);
+        TAKE(qs[1], R * nq * 4);
+    }
     if (NE > 0) {
         TAKE(moe_logits, R * NE * 4);
         TAKE(moe_sel, R * K * 4);
@@ -202,7 +210,7 @@ uint64_t tr_session_estimate_default(const tr_model *m) {
     resolve_params(m, &p);
     tr_scratch dummy;
     const int nth = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
-    return kv_bytes_of(m, p.n_ctx) + scratch_plan(m, p.n_ctx, p.n_batch, nth, NULL, &dummy);
+    return kv_bytes_of(m, p.n_ctx) + scratch_plan(m, p.n_ctx, p.n_batch, nth, false, NULL, &dummy);
 }
 
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
@@ -229,7 +237,8 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
     const uint64_t kv_bytes = s->kv ? 0 : kv_bytes_of(m, p.n_ctx);
     const int nth = tr_pool_size(m->pool);
     tr_scratch *sc = &s->sc;
-    const size_t scratch = scratch_plan(m, p.n_ctx, p.n_batch, nth, NULL, sc);
+    s->kv_spec = s->kv && p.kv_spec;
+    const size_t scratch = scratch_plan(m, p.n_ctx, p.n_batch, nth, s->kv_spec, NULL, sc);
     s->bytes = kv_bytes + scratch;
     if (kv_bytes) s->kvmem = aligned_alloc(64, (kv_bytes + 63) & ~(uint64_t)63);
     s->scratch_mem = aligned_alloc(64, (scratch + 63) & ~(size_t)63);
@@ -242,7 +251,7 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
                        "tokens + %zu MiB scratch for batches of %d); lower -c or -b",
                        need, kv_bytes >> 20, p.n_ctx, scratch >> 20, p.n_batch);
     }
-    scratch_plan(m, p.n_ctx, p.n_batch, nth, s->scratch_mem, sc);
+    scratch_plan(m, p.n_ctx, p.n_batch, nth, s->kv_spec, s->scratch_mem, sc);
     sc->rows = p.n_batch;
     sc->n_ctx_cap = p.n_ctx;
     sc->nth = nth;

@@ -32,6 +32,8 @@ typedef struct tr_scratch {
     struct tr_session **row_sess;
     int32_t *row_pos;
     float *rope_cs;  /* [rows][n_rot] cos/sin of the current layer's parameters */
+    float *qs[2];    /* --kv-spec: [rows][n_head * hd_k] speculative queries of layers of each
+                        parity (NULL without) */
     /* mixture of experts (NULL for dense models) */
     float *moe_logits;   /* [rows][n_expert] router logits, then probabilities */
     int32_t *moe_sel;    /* [rows][k] selected experts */
@@ -53,6 +55,7 @@ struct tr_session {
     int32_t n_ctx, n_batch, n_past;
     uint16_t *kvmem;    /* full policy: one allocation, per layer K then V^T */
     int kv_policy;      /* tr_kv_policy of kv (0 = full) */
+    bool kv_spec;       /* --kv-spec: the forward pass gives kv speculative queries */
     size_t layer_k_elems, layer_v_elems;
     tr_scratch sc;
     void *scratch_mem;

@@ -142,6 +142,14 @@ void tr_axpy_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, int n
         tr_axpy_rows_ref(t, n_el, n, nw, out, out_stride, w, w_stride, rows, row_bytes, idx);
 }
 
+void tr_axpy_f16_ref(int64_t n, float *restrict out, const uint16_t *restrict v, float p) {
+    for (int64_t d = 0; d < n; d++) out[d] += p * tr_f16_to_f32(v[d]);
+}
+
+tr_axpy_f16_fn tr_axpy_f16_of(const tr_kernels *k) {
+    return k->axpy_f16 ? k->axpy_f16 : tr_axpy_f16_ref;
+}
+
 const tr_kernels *tr_kernels_best(void) {
     pthread_once(&g_once, init_once);
     return &g_fam[g_best];

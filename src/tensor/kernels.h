@@ -46,6 +46,11 @@ typedef void (*tr_axpy_rows_fn)(int64_t n_el, int64_t n, int nw, float *restrict
                                 const void *restrict rows, size_t row_bytes,
                                 const int32_t *restrict idx);
 
+/* out[d] += p * v[d] for d < n, v F16: one value row of an attention's weighted sum (the KV
+ * cache's attention over gathered rows). A multiply, then an add, in float (no fused multiply-add),
+ * so every family gives the reference's bits. NULL in a family: tr_axpy_f16_ref. */
+typedef void (*tr_axpy_f16_fn)(int64_t n, float *restrict out, const uint16_t *restrict v, float p);
+
 typedef struct tr_kernels {
     const char *isa; /* "scalar", "avx2", "avx512" */
     tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
@@ -56,6 +61,7 @@ typedef struct tr_kernels {
     tr_act_side_fn act_side[TR_TYPE_COUNT]; /* activation formats Q8_0, Q8_1 */
     tr_dot_rows_fn dot_rows[TR_TYPE_COUNT];  /* optional: Q4_0, Q8_0 weight rows */
     tr_axpy_rows_fn axpy_rows[TR_TYPE_COUNT]; /* optional: Q4_0, Q8_0 rows */
+    tr_axpy_f16_fn axpy_f16;                  /* optional */
 } tr_kernels;
 
 /* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */
@@ -71,6 +77,10 @@ void tr_axpy_rows_ref(tr_type t, int64_t n_el, int64_t n, int nw, float *restric
 void tr_axpy_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, int nw,
                   float *restrict out, size_t out_stride, const float *restrict w, size_t w_stride,
                   const void *restrict rows, size_t row_bytes, const int32_t *restrict idx);
+
+/* the scalar reference of axpy_f16, and k->axpy_f16 where the family has one */
+void tr_axpy_f16_ref(int64_t n, float *restrict out, const uint16_t *restrict v, float p);
+tr_axpy_f16_fn tr_axpy_f16_of(const tr_kernels *k);
 
 /* the best family this CPU runs (lowered by TERRACE_ISA); initialised once, thread-safe */
 const tr_kernels *tr_kernels_best(void);

@@ -110,6 +110,9 @@ def main():
                                             "--kv-policy", "tiered", "--kv-hot", "64K", "--kv-cold",
                                             tmp, "--csd-socket", p("nobody.sock")], 1,
                ["cannot connect to", "nobody.sock", "terrace-storaged --listen"])
+        expect("--kv-spec with --kv-tail", ["run", "-m", good, "-p", "x", "--kv-policy",
+                                            "tiered", "--kv-spec", "--kv-tail", "4"], 1,
+               ["--kv-spec", "--kv-tail"])
         expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
                                             "--kv-tail", "4"], 1, ["--kv-tail 4", "tiered"])
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])

@@ -95,6 +95,17 @@ static void avx2_quant_q8_k(const float *restrict x, void *restrict vy, int64_t 
     }
 }
 
+/* axpy_f16 (kernels.h): 8 values a step, converted exactly (F16C), multiplied, then added */
+static void ymm_axpy_f16(int64_t n, float *restrict out, const uint16_t *restrict v, float p) {
+    const __m256 vp = _mm256_set1_ps(p);
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8) {
+        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d)));
+        _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(out + d), _mm256_mul_ps(vp, x)));
+    }
+    for (; d < n; d++) out[d] += p * tr_f16_to_f32(v[d]);
+}
+
 void tr_kernels_fill_avx2(tr_kernels *k) {
 #define SET(T, fn)                                                                                 \
     do {                                                                                           \
@@ -130,6 +141,7 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
     k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
     k->from_float[TR_TYPE_Q8_0] = avx2_quant_q8_0;
     k->from_float[TR_TYPE_Q8_K] = avx2_quant_q8_k;
+    k->axpy_f16 = ymm_axpy_f16;
 }
 
 #else
