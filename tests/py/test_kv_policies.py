@@ -150,12 +150,14 @@ def run_all(tmp, cold, sock):
         ag, e2 = logits(path, toks, sel + ["--kv-spec", "--csd"], os.path.join(tmp, "p.f32"))
         check(hs is not None and ag is not None, f"{label} tiered --kv-spec: {e} {e2}")
         if hs is not None and ag is not None and base is not None:
-            check(bool(np.array_equal(hs, ag)), f"{label} tiered --kv-spec: the agent's logits "
+            same = bool(np.array_equal(hs, ag))
+            check(same, f"{label} tiered --kv-spec: the agent's logits "
                   f"differ from host scoring's ({float(np.abs(hs - ag).max()):.2e})")
             check(not np.array_equal(hs, base), f"{label} tiered --kv-spec: the logits of the "
                   "real query's selection (the speculation is not used)")
             check(bool(np.isfinite(hs).all()), f"{label} tiered --kv-spec: non-finite logits")
-            print(f"  {label:18s} tiered --kv-spec alpha=0.2 cold: agent identical to host; "
+            print(f"  {label:18s} tiered --kv-spec alpha=0.2 cold: agent "
+                  f"{'identical to' if same else 'DIFFERENT from'} host; "
                   f"mean |dlogit| vs full {float(np.abs(hs - full).mean()):.2e}, "
                   f"{float(np.abs(base - full).mean()):.2e} with the real query")
     if REAL and os.path.exists(REAL):
