@@ -1993,6 +1993,33 @@ static void test_spec(void) {
                 ts = tr_kv_attend_rows(kv[0], g_pool, l, 2, prow, q + l * qn, 0, scale, NULL, 0,
                                        o2, on, &err);
         }
+        /* the agent killed while the rows of layer 1, requested ahead during layer 0, are
+         * awaited: the step fails within a second naming it, and nothing hangs (the free below
+         * waits for the request made ahead) */
+        {
+            pos = s.nctx - 7; /* the next position: the runs above stored up to s.nctx - 8 */
+            tr_status fs = tr_kv_truncate(kv[2], pos, &err);
+            if (!fs) fs = tr_kv_spec_query(kv[2], 1, 1, &pos, qs + qn, qn, scale, 0, &err);
+            if (!fs) fs = tr_kv_append(kv[2], 0, pos, dk(&d, 0, pos), dv(&d, 0, pos), &err);
+            if (!fs)
+                fs = tr_kv_attend_rows(kv[2], g_pool, 0, 1, &pos, q, qn, scale, NULL, 0, o[2], on,
+                                       &err);
+            const bool ahead = kv[2]->pre.layer == 1 && kv[2]->pre.started;
+            kill(tr_kv_csd_pid(kv[2]), SIGKILL);
+            const uint64_t t0 = tr_io_now_ns();
+            for (int32_t l = 1; l < s.nl && !fs; l++) {
+                fs = tr_kv_append(kv[2], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
+                if (!fs)
+                    fs = tr_kv_attend_rows(kv[2], g_pool, l, 1, &pos, q + l * qn, qn, scale, NULL,
+                                           0, o[2], on, &err);
+            }
+            const double ms = (double)(tr_io_now_ns() - t0) / 1e6;
+            TU_CHECK(ahead && fs != TR_OK && strstr(err.msg, "killed by signal 9") && ms < 1000.0,
+                     "spec: agent killed with rows requested ahead (%s): status %d after %.0f ms, "
+                     "'%s'", ahead ? "they were" : "they were NOT", (int)fs, ms, err.msg);
+            printf("spec: agent killed with the next layer's rows requested ahead: %s (%.0f ms)\n",
+                   err.msg, ms);
+        }
         TU_CHECK(!ts && kv[0]->spec_rows - rows0 == (uint64_t)(2 * (s.nl - 1)),
                  "spec, 2 rows at once: %llu rows selected with their speculative query, want %d "
                  "(%s)", (unsigned long long)(kv[0]->spec_rows - rows0), 2 * (s.nl - 1),
