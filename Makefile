@@ -74,7 +74,8 @@ test: deps
 	    OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    build/asan/terrace build/asan/terrace-storaged $(TEST_BIN:build/%=build/asan/%)
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
-	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache
+	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache \
+	    build/tsan/tests/test_kv build/tsan/terrace-storaged
 	@$(MAKE) --no-print-directory cross-aarch64
 	@bash tests/run.sh
 

@@ -90,6 +90,9 @@ run "parity vs llama.cpp, real models: SmolLM2 (llama), Gemma 3 (gemma3)" \
 # scoring recall (INT8/INT4, max vs sum), h2o/quest semantics, cold-pool faults (ASan)
 run "test_kv [build]" build/tests/test_kv
 run "test_kv [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_kv"
+# the cache's I/O threads, the pipelined and ahead reads, and the storage agent's row threads (the
+# agent next to the test binary is the TSan build too)
+run "test_kv [build/tsan]" build/tsan/tests/test_kv
 run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; default model" \
     $PY tests/py/test_kv_policies.py build/terrace "$(bash scripts/get_model.sh smollm2)"
 
