@@ -140,6 +140,13 @@ static tr_rope_params layer_rope(const tr_model *m, const tr_layer *L) {
     };
 }
 
+/* the end of the run of consecutive rows from r0 that belong to r0's session */
+static int32_t session_rows_end(const tr_scratch *sc, int32_t r0, int32_t rows) {
+    int32_t r1 = r0 + 1;
+    while (r1 < rows && sc->row_sess[r1] == sc->row_sess[r0]) r1++;
+    return r1;
+}
+
 /* the layer's RoPE parameters for a row of session s (rp: the layer's), and its cos/sin */
 static void rope_row(const tr_model *m, tr_rope_params *rp, const struct tr_session *s,
                      int32_t pos, float *cs) {
@@ -193,17 +200,15 @@ static tr_status spec_queries(tr_model *m, tr_scratch *sc, int32_t l, int32_t ro
         finish_q(m, N, &rp, cs, qs + r * q_stride);
     }
     const float scale = m->arch->q_prescale ? 1.0f : hp->attn_scale;
-    for (int32_t r0 = 0; r0 < rows;) {
+    for (int32_t r0 = 0, r1; r0 < rows; r0 = r1) {
         struct tr_session *s = sc->row_sess[r0];
-        int32_t r1 = r0 + 1;
-        while (r1 < rows && sc->row_sess[r1] == s) r1++;
+        r1 = session_rows_end(sc, r0, rows);
         if (s->kv_spec) {
             tr_status st = tr_kv_spec_query(s->kv, l + 1, r1 - r0, sc->row_pos + r0,
                                             qs + (size_t)r0 * q_stride, q_stride, scale,
                                             N->swa ? hp->n_swa : 0, err);
             if (st) return st;
         }
-        r0 = r1;
     }
     return TR_OK;
 }
@@ -217,16 +222,13 @@ static tr_status managed_attention(tr_model *m, tr_scratch *sc, int32_t l, int32
     const size_t q_stride = (size_t)hp->n_head_max * hp->head_dim_k;
     const size_t o_stride = (size_t)hp->n_head_max * hp->head_dim_v;
     const float scale = m->arch->q_prescale ? 1.0f : hp->attn_scale;
-    for (int32_t r0 = 0; r0 < rows;) {
-        struct tr_session *s = sc->row_sess[r0];
-        int32_t r1 = r0 + 1;
-        while (r1 < rows && sc->row_sess[r1] == s) r1++;
-        tr_status st = tr_kv_attend_rows(s->kv, m->pool, l, r1 - r0, sc->row_pos + r0,
-                                         sc->q + (size_t)r0 * q_stride, q_stride, scale, L->sinks,
-                                         L->swa ? hp->n_swa : 0, sc->att + (size_t)r0 * o_stride,
-                                         o_stride, err);
+    for (int32_t r0 = 0, r1; r0 < rows; r0 = r1) {
+        r1 = session_rows_end(sc, r0, rows);
+        tr_status st = tr_kv_attend_rows(sc->row_sess[r0]->kv, m->pool, l, r1 - r0,
+                                         sc->row_pos + r0, sc->q + (size_t)r0 * q_stride, q_stride,
+                                         scale, L->sinks, L->swa ? hp->n_swa : 0,
+                                         sc->att + (size_t)r0 * o_stride, o_stride, err);
         if (st) return st;
-        r0 = r1;
     }
     return TR_OK;
 }
