@@ -3,7 +3,8 @@
 
   bench/results/kv-steps.png  decode-step time against context, batch 1, for offload, host scoring
                               pulling the keys from storage, tiered (host scoring from DRAM), and
-                              tiered with the storage agent (unthrottled and SmartSSD-like)
+                              tiered with the storage agent (unthrottled and SmartSSD-like), and
+                              the agent with the next layer selected and read ahead (--kv-spec)
   bench/results/kv-beta.png   step time against the host / agent split of the scoring (beta once
                               the host budget caps it) with APP's marked
 
@@ -47,7 +48,9 @@ series = [("offload", "offload (reads all KV)", "tab:red", "o"),
            "tab:orange", "v"),
           ("tiered", "tiered, host scoring (key copy in DRAM)", "tab:blue", "s"),
           ("tiered + agent", "tiered + storage agent", "tab:green", "^"),
-          ("tiered + agent, SmartSSD-like", "tiered + agent, SmartSSD-like", "tab:olive", "D")]
+          ("tiered + agent, SmartSSD-like", "tiered + agent, SmartSSD-like", "tab:olive", "D"),
+          ("tiered + agent + spec", "tiered + agent, next layer read ahead (--kv-spec)",
+           "tab:purple", "*")]
 fig, ax = plt.subplots(figsize=(7, 4.5))
 for lab, name, color, mk in series:
     pts = sorted((ctx, d["step_ms"]) for (l, ctx), d in last.items() if l == lab)
