@@ -239,6 +239,9 @@ static int32_t half_cap(const tr_kv *kv) {
     return kv->params.spec ? kv->ws_cap / 2 : kv->ws_cap;
 }
 
+/* the first working-set slot of a half */
+static int32_t half_slot0(const tr_kv *kv, int half) { return half * half_cap(kv); }
+
 static bool pipelined(const tr_kv *kv, int32_t nT) {
     return nT <= half_cap(kv) && kv->cold && nT >= kv->pipe_min && pipe_np(kv) > 1;
 }
@@ -251,7 +254,7 @@ static void pipe_start(tr_kv *kv, int half, int32_t layer, const int32_t *T, int
     const int np = pipe_np(kv);
     int32_t bnd[TR_KV_PIPE + 1];
     pipe_bounds(nT, np, bnd);
-    const int32_t slot0 = half * half_cap(kv);
+    const int32_t slot0 = half_slot0(kv, half);
     if (kv->csd)
         tr_kv_gather_start_parts(kv, half, layer, T, nT, slot0, np, bnd);
     else
@@ -312,7 +315,7 @@ static tr_status attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t ro
         const int np = pipe_np(kv);
         int32_t bnd[TR_KV_PIPE + 1];
         pipe_bounds(nT, np, bnd);
-        const int32_t slot0 = half * half_cap(kv);
+        const int32_t slot0 = half_slot0(kv, half);
         if (!started) pipe_start(kv, half, layer, T, nT);
         /* --kv-spec: the next layer's selection, and its reads, while these are in flight */
         if (rows == 1 && kv->params.spec && (st = spec_ahead(kv, pool, layer, pos[0], err))) {
@@ -414,6 +417,21 @@ static double cosine(const float *a, const float *b, size_t n) {
     return aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 0.0;
 }
 
+/* a row's selection at a layer (into kv->sel, n), as a decode step begins there: the layer's
+ * placement step and attended range first; the time taken is added to *ns */
+static tr_status select_step(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos, const float *q,
+                             bool spec, float scale, int32_t swa, int32_t *n, uint64_t *ns,
+                             tr_error *err) {
+    tr_kv_layer *L = &kv->layers[layer];
+    if (L->moved) tr_kv_bkp_step(kv, L);
+    if (pos > L->att_hi) L->att_hi = pos;
+    const uint64_t t0 = tr_io_now_ns();
+    *n = 0;
+    const tr_status st = tr_kv_select_row(kv, pool, layer, pos, q, spec, scale, swa, n, err);
+    *ns += tr_io_now_ns() - t0;
+    return st;
+}
+
 /* the list of a selection (kv->sel, n) as it is read: joined runs, in this layer's own buffers
  * with --kv-spec (the next layer's selection reuses the scratch while this one is attended) */
 static int32_t make_list(tr_kv *kv, const tr_kv_layer *L, int32_t layer, int32_t n,
@@ -455,14 +473,11 @@ static tr_status spec_ahead(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos
     if (in->layer != nl || in->rows != 1 || in->pos[0] != pos ||
         kv->pre.layer >= 0 || nl >= kv->shape.n_layer)
         return TR_OK;
-    tr_kv_layer *L = &kv->layers[nl];
+    const tr_kv_layer *L = &kv->layers[nl];
     if (L->len != pos) return TR_OK; /* not the step the query was given for */
-    const uint64_t t0 = tr_io_now_ns();
-    if (L->moved) tr_kv_bkp_step(kv, L);
-    if (pos > L->att_hi) L->att_hi = pos;
-    int32_t n = 0;
-    tr_status st = tr_kv_select_row(kv, pool, nl, pos, in->q, true, in->scale, in->swa, &n, err);
-    kv->ahead_ns += tr_io_now_ns() - t0;
+    int32_t n;
+    tr_status st = select_step(kv, pool, nl, pos, in->q, true, in->scale, in->swa, &n,
+                               &kv->ahead_ns, err);
     if (st) return st;
     const uint8_t *skip;
     const int32_t *T;
@@ -508,7 +523,7 @@ static tr_status own_record(tr_kv *kv, int32_t layer, const int32_t *T, int32_t 
     if (nT < 1 || T[nT - 1] != pos)
         return tr_fail(err, TR_E_INTERNAL, "KV: layer %d: the list read ahead ends at %d, not %d",
                        layer, nT ? T[nT - 1] : -1, pos);
-    uint8_t *dst = kv->ws + ((size_t)(layer % 2) * (size_t)half_cap(kv) + (size_t)nT - 1) * kv->rec;
+    uint8_t *dst = kv->ws + ((size_t)half_slot0(kv, layer % 2) + (size_t)nT - 1) * kv->rec;
     if (L->tok[pos].where == TR_KV_TOK_HOT) {
         memcpy(dst, L->hot + (size_t)L->tok[pos].slot * kv->rec, kv->rec);
         return TR_OK;
@@ -605,8 +620,7 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                 skip = kv->pre.skip ? kv->pskip[layer % 2] : NULL;
                 started = kv->pre.started;
                 kv->spec_cos_sum += cosine(kv->pre.q, qr, nq);
-                kv->pre.started = false;
-                kv->pre.layer = -1;
+                kv->pre.layer = -1; /* consumed: its reads are awaited below */
                 if (started && (st = own_record(kv, layer, T, nT, pos[r], err))) {
                     pipe_drain(kv, layer % 2, 0);
                     break;
@@ -618,13 +632,8 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                 const float *qs = spec && in->layer == layer && r < in->rows && in->pos[r] == pos[r]
                                       ? in->q + (size_t)r * in->stride
                                       : NULL;
-                if (L->moved) tr_kv_bkp_step(kv, L);
-                if (pos[r] > L->att_hi) L->att_hi = pos[r];
-                const uint64_t ts = tr_io_now_ns();
-                n = 0;
-                st = tr_kv_select_row(kv, pool, layer, pos[r], qs ? qs : qr, qs != NULL, scale,
-                                      swa, &n, err);
-                t_score += tr_io_now_ns() - ts;
+                st = select_step(kv, pool, layer, pos[r], qs ? qs : qr, qs != NULL, scale, swa, &n,
+                                 &t_score, err);
                 if (st) break;
                 if (qs) {
                     kv->spec_rows++;
