@@ -283,7 +283,7 @@ static void usage(void) {
     fprintf(stderr, "usage: bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] "
                     "[--bits 4|8] [--hot-frac F] [--steps S] [--threads T] [--io-threads N] "
                     "[--read-gap G] [--bkp off|on|naive] [--csd] [--csd-gbps R] [--csd-gflops R] "
-                    "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--pipe 1..4] [--pull-keys] [--spec R] "
+                    "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--host-keys N] [--pipe 1..4] [--pull-keys] [--spec R] "
                     "[--plan]\n");
     exit(2);
 }
@@ -298,6 +298,7 @@ int main(int argc, char **argv) {
     double csd_gbps = 0, csd_gflops = 0, csd_link = 0;
     int32_t csd_chunk = 0;
     double beta = -1;
+    int32_t host_keys = 0; /* --host-keys N: APP's host budget (0: the host keeps every key) */
     int pipe = 0; /* 0: the cache's default */
     bool pull_keys = false;
     int tail = 0;
@@ -314,7 +315,7 @@ int main(int argc, char **argv) {
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
         {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'}, {"tail", 1, 0, 'T'},
         {"tail-min", 1, 0, 'M'},   {"tail-every", 1, 0, 'V'}, {"spec", 1, 0, 'X'},
-        {0, 0, 0, 0}};
+        {"host-keys", 1, 0, 'H'},  {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'c': cold = optarg; break;
@@ -335,6 +336,7 @@ int main(int argc, char **argv) {
         case 'L': csd_link = atof(optarg); break;
         case 'K': csd_chunk = atoi(optarg); break;
         case 'E': beta = atof(optarg); break;
+        case 'H': host_keys = atoi(optarg); break;
         case 'W': pipe = atoi(optarg); break;
         case 'T': tail = atoi(optarg); break;
         case 'M': tail_min = atof(optarg); break;
@@ -383,6 +385,7 @@ int main(int argc, char **argv) {
     p.csd_link_gbps = csd_link;
     p.csd_chunk = csd_chunk;
     p.beta = (float)beta;
+    p.host_keys = host_keys;
     p.spec = spec > 0;
     const uint64_t dram = tr_kv_dram_bytes(&shape, &p) * (uint64_t)batch;
     const uint64_t cold_need = tr_kv_cold_bytes_needed(&shape, &p) * (uint64_t)batch;
@@ -466,7 +469,7 @@ int main(int argc, char **argv) {
                "\"migrated_bytes\": %.0f, \"hot_hit_rate\": %.4f, \"csd_mem_bytes\": %llu, "
                "\"beta_set\": %g, \"beta\": %.4f, \"beta_split\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
                "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f, \"spec\": %g, "
-               "\"spec_rows\": %.1f, \"spec_early\": %.1f, \"spec_cos\": %.4f}\n",
+               "\"spec_rows\": %.1f, \"spec_early\": %.1f, \"spec_cos\": %.4f, \"host_keys\": %d}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
                kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
@@ -482,7 +485,7 @@ int main(int argc, char **argv) {
                r.csd_rows, r.csd_storage, r.promotions, r.demotions, r.pingpong, r.migrated,
                r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
                (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.beta_split, fin.f_c, fin.f_s, fin.b_c,
-               fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos);
+               fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos, host_keys);
         fflush(stdout);
     }
     for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);

@@ -18,7 +18,7 @@
 #   AGENT_ROWS_ONLY=1 adds every row with the agent (each context, batch 8, beta sweep, BKP);
 #   SPEC_ONLY=1 adds, at each context, offload, tiered, the agent, and --kv-spec (the next layer
 #   selected and read ahead) with the agent and on the host (SPEC_RHO: the speculation's quality),
-#   and the agent with --kv-spec at each alpha of SPEC_ALPHAS;
+#   and the agent with --kv-spec at each alpha of SPEC_ALPHAS and each host budget of SPEC_HOST_KEYS;
 #   TAIL_MIN_ONLY=1 adds tiered --tail 4 at each --tail-min of TAIL_MINS, and summing 1 in N
 #   unselected tokens whatever their share for each N of TAIL_EVERY (the cost of the tail at the
 #   fractions summed on real models; this fill's shares are too peaked to get there), at each
@@ -131,13 +131,20 @@ spec_rows() { # ctx: --kv-spec on the agent and on the host, next to the baselin
     for a in ${SPEC_ALPHAS:-}; do
         run "tiered + agent + spec, alpha $a" tiered "$1" 1 --csd --spec "$SPEC_RHO" --alpha "$a"
     done
+    # the host budget M_0 set (--kv-host-keys): its key copy kept for that many newest positions
+    for h in ${SPEC_HOST_KEYS:-}; do
+        run "tiered + agent + spec, host keys $h" tiered "$1" 1 --csd --spec "$SPEC_RHO" --host-keys "$h"
+    done
 }
 beta_sweep() { # APP: latency against beta (host / agent share of the scoring), SmartSSD-like
     local beta
-    for beta in ${BETAS:-0 0.0125 0.025 0.05 0.1 1}; do
+    for beta in ${BETAS:-0 0.5 1 1.5 2 2.5 3 4 6}; do
         run "beta sweep, beta $beta" tiered "${BETA_CTX:-16384}" 1 "${SSD[@]}" --beta "$beta"
     done
     run "beta sweep, beta from APP" tiered "${BETA_CTX:-16384}" 1 "${SSD[@]}" --steps 8
+    # the host budget M_0 as small as the hot pool: APP's split capped, less DRAM
+    run "beta sweep, beta from APP, host keys ${BETA_HOST_KEYS:-1024}" tiered "${BETA_CTX:-16384}" 1 \
+        "${SSD[@]}" --steps 8 --host-keys "${BETA_HOST_KEYS:-1024}"
 }
 bkp_rows() { # placement off / naive / on, with the agent, and on the host too unless "agent"
     local b
@@ -372,24 +379,27 @@ sw = [d for d in rows if "step_ms" in d and d.get("label", "").startswith("beta 
 if sw:
     L.append("## APP: step latency against beta\n")
     L.append("beta = tokens scored by the host / tokens scored by the agent among those on storage "
-             "(the host takes the most recent). The host's share is capped by its budget, the hot "
-             "pool's tokens (M_0): \"split\" is the beta in effect once capped (at 16K the cap "
-             "is about 0.067, so every beta above it gives the same split). The agent "
-             "SmartSSD-like (as above). \"from APP\": beta chosen every step from the measured "
-             "rates (host and agent scoring rate f_c, f_s; hot-pool copy and agent row rates B_c, "
-             "B_s; each part's selected fraction), its last value shown.\n")
-    L.append("| beta | split | ctx | step ms (min) | f_c M tok/s | f_s M tok/s | B_c GB/s | B_s GB/s | alpha_c / alpha_s | load |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
+             "(the host takes the most recent). The host's share is capped by its budget M_0, the "
+             "positions it keeps low-precision keys for (every position unless --kv-host-keys): "
+             "\"split\" is the beta in effect. The agent SmartSSD-like (as above). \"from APP\": "
+             "beta chosen every step from the measured rates (host and agent scoring rate f_c, "
+             "f_s; hot-pool copy and agent row rates B_c, B_s; each part's selected fraction), its "
+             "last value shown. DRAM: the plan's bytes (the host's key copy shrinks with "
+             "--kv-host-keys).\n")
+    L.append("| beta | split | ctx | step ms (min) | f_c M tok/s | f_s M tok/s | B_c GB/s | B_s GB/s | alpha_c / alpha_s | DRAM GiB | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     spl = lambda d: d.get("beta_split", d["beta"])
     for d in sw:
         auto = d.get("beta_set", -1) < 0
-        L.append(f"| {'APP: ' if auto else ''}{d['beta']:.4g} | {spl(d):.3f} | {d['ctx']} | "
+        hk = f" (M_0 {d['host_keys']})" if d.get("host_keys") else ""
+        L.append(f"| {'APP' + hk + ': ' if auto else ''}{d['beta']:.4g} | {spl(d):.3f} | {d['ctx']} | "
                  f"{d['step_ms']:.0f} ({d['step_ms_min']:.0f}) | "
                  f"{d['f_c'] / 1e6:.2f} | {d['f_s'] / 1e6:.2f} | {d['b_c'] / 1e9:.1f} | "
                  f"{d['b_s'] / 1e9:.2f} | {d['alpha_c']:.3f} / {d['alpha_s']:.3f} | "
+                 f"{d['dram_bytes'] / 2**30:.2f} | "
                  f"{d['load_before']:.1f}/{d['load_after']:.1f} |")
     fixed = [d for d in sw if d.get("beta_set", -1) >= 0]
-    autos = [d for d in sw if d.get("beta_set", -1) < 0]
+    autos = [d for d in sw if d.get("beta_set", -1) < 0 and not d.get("host_keys")]
     if fixed and autos:
         # a point measured in several passes counts by its mean
         by_b = {}
@@ -400,11 +410,13 @@ if sw:
         a = autos[-1]
         passes = max(len(v) for v in by_b.values())
         L.append("")
+        asp = sum(spl(d) for d in autos) / len(autos)
         L.append((f"Over {passes} passes (means): sweep" if passes > 1 else "Sweep") +
                  f" minimum at beta {bb:.4g}, split {spl(best):.3f} "
-                 f"({mean(by_b[bb]):.0f} ms); APP chose beta {a['beta']:.2f}, split "
-                 f"{spl(a):.3f} ({am:.0f} ms, "
-                 f"{100 * (am / mean(by_b[bb]) - 1):+.0f}% against the minimum).")
+                 f"({mean(by_b[bb]):.0f} ms); APP chose a split of {asp:.2f} (mean over "
+                 f"{len(autos)} runs; last beta {a['beta']:.2f}), {am:.0f} ms, "
+                 f"{100 * (am / mean(by_b[bb]) - 1):+.0f}% against the minimum; the minimum's "
+                 f"split is {100 * (spl(best) / asp - 1):+.0f}% from APP's (target: within 20%).")
     L.append("")
 # hand-written notes below the marker survive a re-run
 MARK = "<!-- notes: kept by bench_kv.sh -->"

@@ -63,8 +63,8 @@ finish(fig, ax, "context (tokens)", "decode step, ms (32 layers)",
        "KV decode step, 7B-like attention, most KV on disk (alpha 0.2)", "kv-steps.png")
 
 sw = [d for d in rows if d.get("label", "").startswith("beta sweep")]
-# the split used: beta once the host's share is capped by its budget (rows before beta_split was
-# recorded: the beta asked for)
+# the split used: beta once the host's share is capped by its budget, the positions it keeps keys
+# for (rows before beta_split was recorded: the beta asked for)
 split = lambda d: d.get("beta_split", d["beta"])
 # each beta's mean over the passes that measured it
 by_b = {}
@@ -72,21 +72,22 @@ for d in sw:
     if d.get("beta_set", -1) >= 0: by_b.setdefault(d["beta_set"], []).append(d)
 fixed = sorted((split(ds[-1]), sum(d["step_ms"] for d in ds) / len(ds), ds[-1]["beta"])
                for ds in by_b.values())
-auto = [d for d in sw if d.get("beta_set", -1) < 0]
+# APP with the host keeping every key (a row with --host-keys shows its budget capping the split)
+auto = [d for d in sw if d.get("beta_set", -1) < 0 and not d.get("host_keys")]
 if fixed:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot([x for x, _, _ in fixed], [ms for _, ms, _ in fixed], marker="o", color="tab:blue",
             label="fixed beta (--kv-beta), at the split it gives")
     if auto:
-        a = auto[-1]
         am = sum(d["step_ms"] for d in auto) / len(auto)
-        ax.axvline(split(a), color="tab:green", ls="--",
-                   label=f"APP: beta {a['beta']:.2f}, split {split(a):.3f} ({am:.0f} ms)")
-        ax.plot([split(a)], [am], marker="*", ms=14, color="tab:green")
+        asp = sum(split(d) for d in auto) / len(auto)
+        ax.axvline(asp, color="tab:green", ls="--",
+                   label=f"APP: split {asp:.2f} (mean of {len(auto)}; {am:.0f} ms)")
+        ax.plot([asp], [am], marker="*", ms=14, color="tab:green")
     best = min(fixed, key=lambda x: x[1])
     ax.plot([best[0]], [best[1]], marker="o", ms=12, mfc="none", color="tab:red",
             label=f"sweep minimum: beta {best[2]:g}, split {best[0]:.3f} ({best[1]:.0f} ms)")
-    finish(fig, ax, "split = host / agent tokens on storage (host share capped by the hot pool)",
+    finish(fig, ax, "split = host / agent tokens on storage (beta in effect)",
            "decode step, ms",
            f"APP: step time against the split, {sw[0]['ctx'] // 1024}K, agent SmartSSD-like",
            "kv-beta.png")

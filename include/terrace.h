@@ -316,6 +316,9 @@ typedef struct tr_session_params {
     /* APP: host-scored / agent-scored tokens among those on storage; < 0 (the default): chosen
      * every step from the measured rates */
     float kv_beta;
+    /* with csd: APP's host budget, positions (per layer) whose low-precision keys the host keeps
+     * to score beyond the window; the agent scores the others. 0 (the default): every position */
+    int32_t kv_host_keys;
     /* APP's rates taken from the caller instead of measured (0: measured): host and agent
      * scoring, tokens/s; hot-pool copies and the agent's rows, bytes/s */
     double kv_app_f_c, kv_app_f_s, kv_app_b_c, kv_app_b_s;

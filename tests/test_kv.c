@@ -1757,18 +1757,11 @@ static void test_csd(void) {
                          isfinite(sa.beta),
                      "APP: %s beta %.3g from f_c %.3g f_s %.3g B_s %.3g", bad ? err.msg : "",
                      k ? sa.beta : 0.0, k ? sa.f_c : 0.0, k ? sa.f_s : 0.0, k ? sa.b_s : 0.0);
-            /* the split in effect: APP's beta, or less where the host budget caps its share */
-            TU_CHECK(k && sa.beta_split > 0 && sa.beta_split <= sa.beta * (1 + 1e-9),
+            /* the split in effect: APP's beta, to a token of the ~200 on storage (the host keeps
+             * every key here; a smaller budget is test_host_keys'), as the host's share */
+            TU_CHECK(k && sa.beta_split > 0 &&
+                         fabs(sa.beta_split / (1 + sa.beta_split) - sa.beta / (1 + sa.beta)) <= 0.005,
                      "APP: split %.4g for beta %.4g", k ? sa.beta_split : 0.0, k ? sa.beta : 0.0);
-            if (k && k->hot_slots > 0 && k->layers[s.nl - 1].pages_written > 0) {
-                /* the host's tokens at the split, n_a x split / (1 + split) with n_a the tokens
-                 * on storage (a few of them sinks, not candidates), never exceed its budget */
-                const double n_st = (double)k->layers[s.nl - 1].pages_written * TR_KV_PAGE;
-                TU_CHECK(n_st * sa.beta_split / (1 + sa.beta_split) <= k->hot_slots * 1.05 + 1.0 ||
-                             sa.beta_split >= sa.beta * (1 - 1e-9),
-                         "APP: split %.4g over the host budget of %d tokens (%g on storage)",
-                         sa.beta_split, k->hot_slots, n_st);
-            }
             /* the first split already comes from rates measured at start (not an even guess) */
             TU_CHECK(k && k->app_probed && k->app_beta_first > 0 && k->app_beta_first != 1.0 &&
                          isfinite(k->app_beta_first),
@@ -1776,10 +1769,10 @@ static void test_csd(void) {
                      k ? k->app_beta_first : 0.0);
             if (k) printf("APP at start: the first layer's beta %.2f\n", k->app_beta_first);
             if (k && !bad)
-                printf("APP: beta %.2f (split %.3f, the host budget %d tokens) from host scoring "
+                printf("APP: beta %.2f (split %.3f) from host scoring "
                        "%.2f M tokens/s, agent %.2f M tokens/s, hot-pool copies %.2f GB/s, agent "
                        "rows %.2f GB/s, selected fractions host %.3f / agent %.3f\n",
-                       sa.beta, sa.beta_split, k->hot_slots, sa.f_c / 1e6, sa.f_s / 1e6, sa.b_c / 1e9, sa.b_s / 1e9, sa.alpha_c,
+                       sa.beta, sa.beta_split, sa.f_c / 1e6, sa.f_s / 1e6, sa.b_c / 1e9, sa.b_s / 1e9, sa.alpha_c,
                        sa.alpha_s);
             tr_kv_free(k);
         }
@@ -1841,6 +1834,141 @@ static void test_csd(void) {
 out:
     for (int i = 0; i < NK; i++) tr_kv_free(kv[i]);
     data_free(&d);
+}
+
+/* --kv-host-keys: the host keeps its key copy for the sinks and a ring of the newest positions.
+ * With a split inside the ring, selections and outputs are those of the full copy, bit for bit,
+ * also after a truncate that goes back further than the ring (its rows are quantized again from
+ * the records); a bigger split is cut to what the ring holds; a call with more rows than planned
+ * fails with a message; the DRAM plan shrinks by the rows not kept. */
+static void test_host_keys(void) {
+    const shp s = {"GQA", 2, 480, 8, 2, 64, 64};
+    enum { N0 = 200, NK = 3, H = 100, HS = 20 };
+    data d, d2;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 93, false);
+    data_make(&d2, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 4343, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    const uint64_t rec = (uint64_t)s.nkv * (uint64_t)(s.hdk + s.hdv) * 2;
+    const tr_kv_shape sh = to_shape(&s);
+    tr_kv *kv[NK] = {0};
+    tr_kv_params p[NK];
+    for (int i = 0; i < NK; i++) {
+        p[i] = params(TR_KV_TIERED, 0.15f);
+        p[i].hot_bytes = hot_min(&s, &p[i]) + (uint64_t)s.nl * 32 * rec;
+        p[i].cold_dir = g_tmp;
+        p[i].csd = true;
+        p[i].csd_chunk = 64;
+        p[i].max_rows = 1;
+        /* 0: the full copy; 1: a ring that holds the split (at most 20% of ~470 tokens); 2: a
+         * ring too small for an even split */
+        p[i].host_keys = i == 0 ? 0 : i == 1 ? H : HS;
+        p[i].beta = i < 2 ? 0.25f : 1.0f;
+        kv[i] = mk(&s, &p[i]);
+        if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
+    }
+    TU_CHECK(!kv[0]->hk_wrap && kv[1]->hk_wrap && kv[2]->hk_wrap &&
+                 kv[1]->hk_rows == p[1].n_sink + H + p[1].n_window + 2 * TR_KV_PAGE + 1,
+             "host key copy: rows %d / %d / %d", kv[0]->hk_rows, kv[1]->hk_rows, kv[2]->hk_rows);
+    {
+        const uint64_t full = tr_kv_dram_bytes(&sh, &p[0]), ring = tr_kv_dram_bytes(&sh, &p[1]);
+        const uint64_t saved = (uint64_t)s.nl * (uint64_t)s.nkv *
+                               (uint64_t)(s.nctx - kv[1]->hk_rows) * kv[1]->qrow;
+        TU_CHECK(full - ring == saved, "DRAM plan: full copy %llu, ring %llu, saved %llu",
+                 (unsigned long long)full, (unsigned long long)ring, (unsigned long long)saved);
+    }
+    float *q = malloc(sizeof(float) * qn), *o[NK];
+    for (int i = 0; i < NK; i++) o[i] = malloc(sizeof(float) * on);
+    const float scale = 1.0f / sqrtf((float)s.hdk);
+    tr_error err = {0};
+    int differ = 0, failed = 0;
+    double split2 = 0.0;
+    int over = 0;
+    /* a step: append and attend on each cache; 0 and 1 compared */
+#define HK_STEP(D, POS, SEED)                                                                       \
+    for (int32_t l = 0; l < s.nl && !failed; l++) {                                                \
+        query_make(q, &s, POS, SEED, false);                                                       \
+        for (int i = 0; i < NK && !failed; i++)                                                    \
+            if (tr_kv_append(kv[i], l, POS, dk(D, l, POS), dv(D, l, POS), &err) ||                 \
+                tr_kv_attend_rows(kv[i], g_pool, l, 1, &(POS), q, qn, scale, NULL, 0, o[i], on,    \
+                                  &err)) {                                                         \
+                TU_CHECK(0, "host keys, cache %d, position %d: %s", i, POS, err.msg);              \
+                failed = 1;                                                                        \
+            }                                                                                      \
+        differ += !failed && memcmp(o[0], o[1], on * sizeof(float)) != 0;                          \
+    }
+    for (int32_t pos = N0; pos < s.nctx - 40 && !failed; pos++) {
+        HK_STEP(&d, pos, 500 + (uint64_t)pos);
+        /* cache 2: beta 1 asks for half the tokens on storage; the ring gives the host only
+         * those it holds, at most hk_ring of the n_a candidates on storage (n_a: those below
+         * the window, on written pages, past the sinks) */
+        tr_kv_stats st;
+        tr_kv_get_stats(kv[2], &st);
+        const int32_t wr = kv[2]->layers[s.nl - 1].pages_written * TR_KV_PAGE,
+                      win = pos - p[2].n_window + 1;
+        const int32_t n_a = (wr < win ? wr : win) - p[2].n_sink, R = kv[2]->hk_ring;
+        over += !(st.beta_split <= (double)R / (double)(n_a - R) + 1e-9 && st.beta_split < 0.99);
+        if (st.beta_split > split2) split2 = st.beta_split;
+    }
+    TU_CHECK(!failed && differ == 0, "host key ring vs full copy: %d outputs differ", differ);
+    {
+        TU_CHECK(split2 > 0 && over == 0, "small ring: split up to %.3f, %d steps over the ring",
+                 split2, over);
+        printf("host key ring: %d rows of %d positions; identical to the full copy over %d steps; "
+               "a %d-row ring cut beta 1 to a split of %.3f\n",
+               kv[1]->hk_rows, s.nctx, (s.nctx - 40 - N0) * s.nl, kv[2]->hk_rows, split2);
+    }
+    /* truncate further back than the ring holds and go on with other tokens */
+    if (!failed) {
+        const int32_t cut = 150, len = kv[1]->layers[0].len;
+        TU_CHECK(len - kv[1]->hk_ring > cut, "truncate test: %d positions, ring %d", len,
+                 kv[1]->hk_ring);
+        for (int i = 0; i < NK && !failed; i++)
+            if (tr_kv_truncate(kv[i], cut, &err)) {
+                TU_CHECK(0, "truncate %d: %s", i, err.msg);
+                failed = 1;
+            }
+        differ = 0;
+        for (int32_t pos = cut; pos < cut + 200 && !failed; pos++) HK_STEP(&d2, pos, 77 + (uint64_t)pos);
+        TU_CHECK(!failed && differ == 0, "host key ring after a truncate: %d outputs differ",
+                 differ);
+    }
+#undef HK_STEP
+    /* more rows in one call than planned: a named error, not keys from the wrong positions */
+    if (!failed) {
+        enum { NR = 60 };
+        const int32_t base = kv[2]->layers[0].len;
+        int32_t pos[NR];
+        float *qs = malloc(sizeof(float) * qn * NR), *os = malloc(sizeof(float) * on * NR);
+        tr_status st = TR_OK;
+        for (int32_t r = 0; r < NR; r++) {
+            pos[r] = base + r;
+            query_make(qs + (size_t)r * qn, &s, pos[r], 9 + (uint64_t)r, false);
+            if (!st) st = tr_kv_append(kv[2], 0, pos[r], dk(&d, 0, pos[r]), dv(&d, 0, pos[r]), &err);
+        }
+        if (!st)
+            st = tr_kv_attend_rows(kv[2], g_pool, 0, NR, pos, qs, qn, scale, NULL, 0, os, on, &err);
+        TU_CHECK(st == TR_E_ARG && strstr(err.msg, "more rows in one call than planned"),
+                 "rows beyond the ring: status %d, '%s'", (int)st, err.msg);
+        free(qs);
+        free(os);
+    }
+    {
+        tr_kv_params pe = params(TR_KV_TIERED, 0.15f);
+        pe.hot_bytes = p[0].hot_bytes;
+        pe.cold_dir = g_tmp;
+        pe.host_keys = 64;
+        tr_kv *k = NULL;
+        const tr_status st = tr_kv_create(&sh, &pe, &k, &err);
+        TU_CHECK(st == TR_E_ARG && strstr(err.msg, "needs the storage agent"),
+                 "--kv-host-keys without the agent: status %d, '%s'", (int)st, err.msg);
+        tr_kv_free(k);
+    }
+    free(q);
+    for (int i = 0; i < NK; i++) free(o[i]);
+out:
+    for (int i = 0; i < NK; i++) tr_kv_free(kv[i]);
+    data_free(&d);
+    data_free(&d2);
 }
 
 /* a user-started agent (terrace-storaged --listen) next to the test binary's build directory;
@@ -2210,6 +2338,7 @@ int main(void) {
     test_tail();
     test_app_rates();
     test_csd();
+    test_host_keys();
     test_csd_listen();
     test_spec();
     rmdir(g_tmp);

@@ -16,7 +16,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVAPPRATES, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
 };
 
 typedef struct flag {
@@ -81,6 +81,7 @@ static const flag k_flags[] = {
     {"--csd-gflops", F_CSDGFLOPS, true, "R    storage agent: throttle its scoring to R GFLOP/s"},
     {"--csd-link-gbps", F_CSDLINK, true, "R storage agent: throttle its link to the host to R GB/s"},
     {"--kv-beta", F_KVBETA, true, "B        storage agent: host/agent share of the scoring (default: from measured rates)"},
+    {"--kv-host-keys", F_KVHOSTKEYS, true, "N  storage agent: the host keeps scoring keys for N recent positions per layer, its share's limit (default: all)"},
     {"--kv-app-rates", F_KVAPPRATES, true, "FC,FS,BC,BS storage agent: APP's rates instead of measured ones: host and agent scoring (M tokens/s), hot-pool copies and agent rows (GB/s); 0 = measure that one"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
     {"-h,--help", F_HELP, false, "     this text"},
@@ -285,6 +286,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             o->kv.csd_socket = v;
             break;
         case F_KVBETA: if (!parse_float(a, v, 0.0, 1e6, &o->kv.kv_beta)) return false; break;
+        case F_KVHOSTKEYS: if (!cli_parse_int(a, v, 1, 1 << 24, &n)) return false; o->kv.kv_host_keys = (int32_t)n; break;
         case F_KVAPPRATES: {
             double r[4];
             char *end = NULL;

@@ -184,11 +184,12 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
                     kv.spec_cos);
         if (kv.csd_score_bytes)
             fprintf(stderr, "terrace: kv agent     to the host: scores %s, rows %s; read %s from "
-                            "storage; beta %.2f (host scores %.2f M tokens/s, agent %.2f M)\n",
+                            "storage; beta %.2f, split %.2f (host scores %.2f M tokens/s, agent "
+                            "%.2f M)\n",
                     cli_bytes(kv.csd_score_bytes, b1, sizeof b1),
                     cli_bytes(kv.csd_row_bytes, b2, sizeof b2),
-                    cli_bytes(kv.csd_storage_bytes, b3, sizeof b3), kv.beta, kv.f_c / 1e6,
-                    kv.f_s / 1e6);
+                    cli_bytes(kv.csd_storage_bytes, b3, sizeof b3), kv.beta, kv.beta_split,
+                    kv.f_c / 1e6, kv.f_s / 1e6);
     }
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",

@@ -62,11 +62,12 @@ int cmd_logits(int argc, char **argv) {
         {"kv-bkp", required_argument, NULL, 'O'},
         {"csd", no_argument, NULL, 'Q'},
         {"kv-beta", required_argument, NULL, 'J'},
+        {"kv-host-keys", required_argument, NULL, 0x105},
         {"top1", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *tokens_arg = NULL, *out_path = NULL, *top1_path = NULL;
-    long threads = 0, batch = 0, ctx = 0, greedy = -1;
+    long threads = 0, batch = 0, ctx = 0, greedy = -1, host_keys = 0;
     bool no_mmap = false, experts_mmap = false;
     unsigned long long expert_cache = 0;
     const char *expert_policy = NULL;
@@ -113,6 +114,11 @@ int cmd_logits(int argc, char **argv) {
         case 'O': sp.kv_bkp = optarg; break;
         case 'Q': sp.csd = true; break;
         case 'J': sp.kv_beta = (float)atof(optarg); break;
+        case 0x105:
+            if (!cli_parse_int("--kv-host-keys", optarg, 1, 1 << 24, &host_keys))
+                return CLI_EXIT_USAGE;
+            sp.kv_host_keys = (int32_t)host_keys;
+            break;
         case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
         default:
             cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);

@@ -553,15 +553,20 @@ tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
         }
         kv->app_ts = (double)(atomic_load(&c->score_ns) - s0) / m;
     }
-    if (!(p->app_f_c > 0)) { /* as the host scores its part in tr_kv_csd_score */
+    /* the host's part: the newest of the tokens, as a split gives it, within its key copy */
+    const int32_t hlo = tr_kv_hk_lo(kv, &kv->layers[layer]);
+    int32_t mc = 0;
+    while (mc < m && cand[n_a - 1 - mc] >= hlo) mc++;
+    if (!(p->app_f_c > 0) && mc > 0) { /* as the host scores its part in tr_kv_csd_score */
+        const int32_t *hc = cand + n_a - mc;
         const uint64_t t0 = tr_io_now_ns();
-        tr_kv_score_heads(kv, pool, layer, cand, 0, m, (size_t)m, scale);
+        tr_kv_score_heads(kv, pool, layer, hc, 0, mc, (size_t)mc, scale);
         for (int32_t h = 0; h < kv->shape.n_head; h++) {
             float mx;
             double z;
-            tr_kv_group_stats(kv->hs + (size_t)h * (size_t)m, m, &mx, &z);
+            tr_kv_group_stats(kv->hs + (size_t)h * (size_t)mc, mc, &mx, &z);
         }
-        kv->app_tc = (double)(tr_io_now_ns() - t0) / m;
+        kv->app_tc = (double)(tr_io_now_ns() - t0) / mc;
     }
     if (!(p->app_b_c > 0)) { /* hot records into the working set, as a gather copies them */
         int32_t nc = 0;

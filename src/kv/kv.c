@@ -64,6 +64,7 @@ typedef struct kv_plan {
     tr_type qtype;
     size_t qrow, q8row;
     int32_t hdv_pad;
+    int32_t hk_sink, hk_ring; /* the host's key copy (see tr_kv) */
     tr_type vtype;
     size_t vrow;
     size_t page_bytes, page_qoff, page_toff;
@@ -124,6 +125,13 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     if (p->spec && p->tail_bits)
         return tr_fail(err, TR_E_ARG, "--kv-spec does not combine with --kv-tail %d: the tail "
                        "needs the scores of the layer's own query", p->tail_bits);
+    if (p->host_keys < 0 || p->max_rows < 0)
+        return tr_fail(err, TR_E_ARG, "--kv-host-keys %d / rows per call %d: must be >= 0",
+                       p->host_keys, p->max_rows);
+    if (p->host_keys && !p->csd)
+        return tr_fail(err, TR_E_ARG, "--kv-host-keys %d needs the storage agent (--csd): without "
+                       "it the host scores every position from its own key copy",
+                       p->host_keys);
     if (p->n_threads < 0 || p->n_threads > 4096 || p->io_threads < 0 || p->io_threads > 256)
         return tr_fail(err, TR_E_ARG, "KV threads %d / I/O threads %d", p->n_threads,
                        p->io_threads);
@@ -195,6 +203,21 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
     o->qtype = p->score_bits == 4 ? TR_TYPE_Q4_0 : TR_TYPE_Q8_0;
     o->qrow = (size_t)(o->hdk_pad / 32) * (p->score_bits == 4 ? 18 : 34);
     o->q8row = (size_t)(o->hdk_pad / 32) * 34;
+    /* the host's key copy: every position, or (--kv-host-keys, with the agent) the sinks and a
+     * ring of the newest positions, enough for the ones APP may give the host (M_0), the
+     * window, the open page and the rows of one call, whose first row's window lies furthest
+     * back */
+    o->hk_sink = 0;
+    o->hk_ring = s->n_ctx;
+    if (p->host_keys && o->cold) {
+        const uint64_t rows = p->max_rows ? (uint64_t)p->max_rows : TR_KV_ROW_BLOCK;
+        const uint64_t ring = (uint64_t)p->host_keys + (uint64_t)p->n_window + 2 * TR_KV_PAGE + rows;
+        if ((uint64_t)p->n_sink + ring < n_ctx) {
+            o->hk_sink = p->n_sink;
+            o->hk_ring = (int32_t)ring;
+        }
+    }
+    const uint64_t hk_rows = (uint64_t)o->hk_sink + (uint64_t)o->hk_ring;
     /* tail: low-precision value copy, same block formats */
     o->hdv_pad = (int32_t)round_up((uint64_t)s->head_dim_v, 32);
     o->vtype = p->tail_bits == 4 ? TR_TYPE_Q4_0 : TR_TYPE_Q8_0;
@@ -230,7 +253,7 @@ static tr_status kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, kv_pl
              (uint64_t)o->n_pages * round_up(o->page_bytes - o->page_qoff, 4096) +
              nh * n_ctx * 4 + round_up(ws * rec, KV_HUGE);
     }
-    if (tiered) d += L * nkv * (n_ctx * o->qrow + (uint64_t)o->hdk_pad * 4);
+    if (tiered) d += L * nkv * (hk_rows * o->qrow + (uint64_t)o->hdk_pad * 4);
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
     if (h2o) d += L * n_ctx * 4 + nh * n_ctx * 4;     /* masses, the row's scores per head */
     if (tiered) d += nh * n_ctx * 4 + nh * 8;         /* scores per head, their max and sum */
@@ -383,6 +406,10 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     kv->hdk_pad = pl.hdk_pad;
     kv->qrow = pl.qrow;
     kv->q8row = pl.q8row;
+    kv->hk_sink = pl.hk_sink;
+    kv->hk_ring = pl.hk_ring;
+    kv->hk_rows = pl.hk_sink + pl.hk_ring;
+    kv->hk_wrap = kv->hk_rows < shape->n_ctx;
     kv->vtype = pl.vtype;
     kv->hdv_pad = pl.hdv_pad;
     kv->vrow = pl.vrow;
@@ -434,7 +461,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     if (pl.cold) ALLOC(hash, NL * n_ctx * 8, 0);
     if (bkp) ALLOC(moved, NL * n_ctx * 4, 0);
     if (pol == TR_KV_TIERED) {
-        ALLOC(qk, NL * nkv * n_ctx * pl.qrow, 64);
+        ALLOC(qk, NL * nkv * (size_t)kv->hk_rows * pl.qrow, 64);
         ALLOC(eq, NL * nkv * (size_t)pl.hdk_pad * 4, 0);
     }
     if (params->tail_bits) {
@@ -459,7 +486,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         L->hot = hot + l * slots * pl.rec;
         L->tok = tok + l * n_ctx;
         L->hash = hash ? hash + l * n_ctx : NULL;
-        L->qk = qk ? qk + l * nkv * n_ctx * pl.qrow : NULL;
+        L->qk = qk ? qk + l * nkv * (size_t)kv->hk_rows * pl.qrow : NULL;
         L->qv = qv ? qv + l * nkv * n_ctx * pl.vrow : NULL;
         L->eq = eq ? eq + l * nkv * (size_t)pl.hdk_pad : NULL;
         L->pmin = pmin ? pmin + l * nkv * (size_t)pl.n_pages * hdk : NULL;
@@ -660,6 +687,37 @@ tr_status tr_kv_append(tr_kv *kv, int32_t layer, int32_t pos, const float *k, co
     return tr_kv_append_rec(kv, layer, kv->rec_tmp, err);
 }
 
+/* After a truncate from len to n, the host's key ring must hold [n - hk_ring, n) again: the
+ * positions of it that newer ones wrote over are quantized again from their records (the hot
+ * pool's, or read back from the pages, which a truncate leaves in place), giving the same bytes */
+static tr_status refill_host_keys(tr_kv *kv, int32_t layer, int32_t len, int32_t n,
+                                  tr_error *err) {
+    tr_kv_layer *L = &kv->layers[layer];
+    const int32_t S = kv->hk_sink, R = kv->hk_ring;
+    const int32_t a = n - R > S ? n - R : S, held = len - R > S ? len - R : S;
+    const int32_t b = n < held ? n : held;
+    for (int32_t p = a; p < b;) {
+        const tr_kv_tok *t = &L->tok[p];
+        if (t->where == TR_KV_TOK_HOT) {
+            tr_kv_quant_key(kv, L, p, L->hot + (size_t)t->slot * kv->rec);
+            p++;
+            continue;
+        }
+        if (t->where != TR_KV_TOK_COLD) { /* evicted: never scored again */
+            p++;
+            continue;
+        }
+        int32_t e = p + 1; /* a run of cold records within one page */
+        while (e < b && e % TR_KV_PAGE && L->tok[e].where == TR_KV_TOK_COLD) e++;
+        tr_status st = tr_kv_cold_read_sync(kv, layer, p, e - p, kv->ws, err);
+        if (st) return st;
+        for (int32_t i = p; i < e; i++)
+            tr_kv_quant_key(kv, L, i, kv->ws + (size_t)(i - p) * kv->rec);
+        p = e;
+    }
+    return TR_OK;
+}
+
 tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err) {
     if (n < 0) return tr_fail(err, TR_E_ARG, "KV truncate to %d", n);
     tr_kv_spec_drop(kv);
@@ -667,7 +725,12 @@ tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err) {
         tr_kv_layer *L = &kv->layers[l];
         L->selected = 0;
         if (n >= L->len) continue;
+        const int32_t len = L->len;
         drop_positions(kv, L, n);
+        if (kv->hk_wrap && L->qk) {
+            tr_status st = refill_host_keys(kv, l, len, n, err);
+            if (st) return st;
+        }
         /* the page that is open again keeps bounds of the dropped tokens: recompute them */
         if (L->pmin && n % TR_KV_PAGE) {
             tr_status st = tr_kv_quest_rebuild_page(kv, l, n / TR_KV_PAGE, err);

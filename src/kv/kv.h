@@ -107,9 +107,18 @@ typedef struct tr_kv_params {
     const char *csd_socket; /* connect to a running `terrace-storaged --listen SOCKET` instead of
                                starting one (a disk shared by several sessions); NULL: start it */
     /* APP: beta = tokens scored by the host / tokens scored by the agent, among those on storage
-     * (the host takes the most recent ones). < 0 (default): chosen every step from the measured
-     * rates (see tr_kv_app_beta); >= 0: fixed (--kv-beta, for sweeps; 0 = the agent scores all) */
+     * (the host takes the most recent ones, as many as its key copy holds). < 0 (default): chosen
+     * every step from the measured rates (see tr_kv_app_beta); >= 0: fixed (--kv-beta, for
+     * sweeps; 0 = the agent scores all) */
     float beta;
+    /* APP's host budget M_0 (--kv-host-keys, with the agent): the host keeps its low-precision
+     * keys for the sinks and the most recent positions only, host_keys of them that it may score
+     * beyond the window, the open page and one call's rows; the agent scores the rest from its
+     * own copy. 0 (default): the host keeps every position's keys */
+    int32_t host_keys;
+    /* rows appended before they attend, at most (the forward pass's batch; 0: 512): the host's
+     * key copy also covers the window of the first of them */
+    int32_t max_rows;
     /* APP's rates given instead of measured (--kv-app-rates; 0: measured): host and agent
      * scoring, tokens/s; hot-pool copies and the agent's rows, bytes/s */
     double app_f_c, app_f_s, app_b_c, app_b_s;

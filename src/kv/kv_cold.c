@@ -317,11 +317,11 @@ tr_status tr_kv_cold_write_page(tr_kv *kv, int32_t layer, int32_t page, tr_error
     }
     const size_t qbytes = kv->page_toff - kv->page_qoff;
     if (qbytes) {
-        const size_t nkv = (size_t)kv->shape.n_head_kv, n_ctx = (size_t)kv->shape.n_ctx;
+        const size_t nkv = (size_t)kv->shape.n_head_kv;
         for (int32_t i = 0; i < TR_KV_PAGE; i++)
             for (size_t g = 0; g < nkv; g++)
                 memcpy(buf + kv->page_qoff + ((size_t)i * nkv + g) * kv->qrow,
-                       L->qk + (g * n_ctx + (size_t)(p0 + i)) * kv->qrow, kv->qrow);
+                       tr_kv_qk_row(kv, L, g, p0 + i), kv->qrow);
         tr.key_copy_bytes = (uint32_t)qbytes;
         tr.key_copy_hash = tr_kv_hash64(buf + kv->page_qoff, qbytes, 0);
     }

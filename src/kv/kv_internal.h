@@ -72,7 +72,7 @@ typedef struct tr_kv_layer {
     uint8_t *hot;          /* [hot_slots][rec] F16 K (n_kv x hdk) then F16 V (n_kv x hdv) */
     tr_kv_tok *tok;        /* [n_ctx] */
     uint64_t *hash;        /* [n_ctx] hash of each record written to the segment file */
-    uint8_t *qk;           /* tiered: [n_kv][n_ctx][qrow] low-precision key copy */
+    uint8_t *qk;           /* tiered: [n_kv][hk_rows][qrow] low-precision key copy */
     uint8_t *qv;           /* tail: [n_kv][n_ctx][vrow] low-precision value copy */
     float *eq;             /* tiered: [n_kv][hdk_pad] per-channel scale the copy was divided by */
     bool calibrated;       /* eq came from the first page (else all ones) */
@@ -128,6 +128,12 @@ struct tr_kv {
     int32_t hdk_pad; /* head_dim_k rounded up to 32 */
     size_t qrow;     /* bytes of one key head's low-precision row */
     size_t q8row;    /* bytes of one query head in Q8_0 */
+    /* the host's key copy (qk) per KV head: hk_sink rows for positions [0, hk_sink), then a ring
+     * of hk_ring rows for the others (position p in row hk_sink + (p - hk_sink) % hk_ring); it
+     * holds the sinks and [len - hk_ring, len). Without --kv-host-keys: hk_sink 0, hk_ring
+     * n_ctx, every position in its own row (hk_wrap false) */
+    int32_t hk_sink, hk_ring, hk_rows;
+    bool hk_wrap;
     /* tail (params.tail_bits): the value copy's format, and the current row's estimate of what
      * the unselected tokens add, per query head: tail_o[h] (share-weighted sum of their values,
      * hdv_pad floats) and tail_e[h] (their share); tail_row says it belongs to the row just
@@ -404,6 +410,20 @@ void tr_kv_h2o_evict(tr_kv *kv, int32_t layer, int32_t pos);
 /* the larger of two scores or shares (never NaN): fmaxf is a libm call without
  * -ffinite-math-only, and the per-token loops take most of their time in it */
 static inline float tr_kv_maxf(float a, float b) { return a > b ? a : b; }
+
+/* the row of position pos in the host's key copy, and the lowest position past the sinks that
+ * the copy holds (see hk_ring) */
+static inline size_t tr_kv_hk_index(const tr_kv *kv, int32_t pos) {
+    if (!kv->hk_wrap || pos < kv->hk_sink) return (size_t)pos;
+    return (size_t)kv->hk_sink + (size_t)(pos - kv->hk_sink) % (size_t)kv->hk_ring;
+}
+static inline uint8_t *tr_kv_qk_row(const tr_kv *kv, const tr_kv_layer *L, size_t g, int32_t pos) {
+    return L->qk + (g * (size_t)kv->hk_rows + tr_kv_hk_index(kv, pos)) * kv->qrow;
+}
+static inline int32_t tr_kv_hk_lo(const tr_kv *kv, const tr_kv_layer *L) {
+    if (!kv->hk_wrap) return 0;
+    return L->len - kv->hk_ring > kv->hk_sink ? L->len - kv->hk_ring : kv->hk_sink;
+}
 
 static inline int32_t tr_kv_count(float alpha, int32_t n) {
     return (int32_t)ceil((double)alpha * n - 1e-6 * n);

@@ -49,10 +49,6 @@ static void quant_copy_row(const tr_kv *kv, tr_type t, const float *x, void *dst
         kv->kern->from_float[TR_TYPE_Q8_0](x, dst, n);
 }
 
-static uint8_t *qk_row(const tr_kv *kv, const tr_kv_layer *L, size_t g, int32_t pos) {
-    return L->qk + (g * (size_t)kv->shape.n_ctx + (size_t)pos) * kv->qrow;
-}
-
 void tr_kv_quant_key(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec) {
     const int32_t hdk = kv->shape.head_dim_k, pad = kv->hdk_pad;
     const uint16_t *K = (const uint16_t *)rec;
@@ -61,7 +57,7 @@ void tr_kv_quant_key(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec)
         const float *eq = L->eq + (size_t)g * pad;
         for (int32_t c = 0; c < hdk; c++) tmp[c] = tr_kv_f16[K[(size_t)g * hdk + c]] / eq[c];
         for (int32_t c = hdk; c < pad; c++) tmp[c] = 0.0f;
-        quant_copy_row(kv, kv->qtype, tmp, qk_row(kv, L, (size_t)g, pos), pad);
+        quant_copy_row(kv, kv->qtype, tmp, tr_kv_qk_row(kv, L, (size_t)g, pos), pad);
     }
 }
 
@@ -188,16 +184,22 @@ static void score_task(void *ctx, int ith, int nth) {
     int64_t b, e;
     /* per chunk of tokens, one KV head at a time: each head's copy is read as one stream, and
      * one kernel call scores the whole chunk (a call per key cost more than the key) */
+    int32_t rows[CHUNK];
     while (tr_claim(&j->next, j->n - j->i0, CHUNK, &b, &e)) {
         b += j->i0;
         e += j->i0;
+        const int32_t *idx = j->cand + b; /* the candidates' rows in the key copy */
+        if (kv->hk_wrap) {
+            for (int64_t i = b; i < e; i++) rows[i - b] = (int32_t)tr_kv_hk_index(kv, j->cand[i]);
+            idx = rows;
+        }
         if (!per_head)
             for (int64_t i = b; i < e; i++) j->out[i] = mx ? -INFINITY : 0.0f;
         for (int32_t g = 0; g < nkv; g++)
             for (int32_t h = g * G; h < (g + 1) * G; h++) {
                 const uint8_t *q8 = kv->q8 + (size_t)h * kv->q8row;
-                tr_dot_rows(kv->kern, kv->qtype, pad, e - b, v, qk_row(kv, j->L, (size_t)g, 0),
-                            kv->qrow, j->cand + b, q8);
+                tr_dot_rows(kv->kern, kv->qtype, pad, e - b, v, tr_kv_qk_row(kv, j->L, (size_t)g, 0),
+                            kv->qrow, idx, q8);
                 if (per_head) {
                     float *hs = kv->hs + (size_t)h * j->stride;
                     for (int64_t i = b; i < e; i++) hs[i] = v[i - b] * j->scale;
@@ -579,8 +581,9 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         }
         /* group A: the candidates whose pages are on storage (a prefix: cand is ascending),
          * less the most recent of them that APP gives the host (beta = host / agent tokens; the
-         * host's share at most the hot pool, its budget). Without an agent only a fixed beta
-         * splits, so that host scoring reproduces the agent's groups exactly. */
+         * host's share at most what its key copy holds, its budget M_0: --kv-host-keys).
+         * Without an agent only a fixed beta splits, so that host scoring reproduces the
+         * agent's groups exactly. */
         int32_t n_a = 0;
         const int32_t written = kv->cold ? L->pages_written * TR_KV_PAGE : 0;
         while (n_a < n_cand && cand[n_a] < written) n_a++;
@@ -592,7 +595,21 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         if (kv->csd || p->beta >= 0.0f) {
             const double beta = kv->csd ? tr_kv_app_beta(kv) : (double)p->beta;
             int32_t n_c = (int32_t)lround((double)n_a * beta / (1.0 + beta));
-            if (n_c > kv->hot_slots) n_c = kv->hot_slots;
+            if (kv->hk_wrap) {
+                const int32_t hlo = tr_kv_hk_lo(kv, L);
+                int32_t held = 0;
+                while (held < n_c && cand[n_a - 1 - held] >= hlo) held++;
+                n_c = held;
+                /* the rest of the host's part (the open page, the window, the sinks) is always
+                 * held: the ring is sized for it */
+                for (int32_t i = n_a; i < n_all; i++)
+                    if (cand[i] >= kv->hk_sink && cand[i] < hlo)
+                        return tr_fail(err, TR_E_ARG,
+                                       "KV cache: layer %d, row %d: the host's key copy holds "
+                                       "positions from %d, the row needs %d (more rows in one "
+                                       "call than planned)",
+                                       layer, pos, hlo, cand[i]);
+            }
             kv->app_beta = beta;
             n_a -= n_c;
             kv->app_beta_split = n_a > 0 ? (double)n_c / n_a : 0.0;

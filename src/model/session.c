@@ -53,6 +53,8 @@ static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct
     kp.csd_gflops = p->csd_gflops;
     kp.csd_link_gbps = p->csd_link_gbps;
     kp.beta = p->kv_beta;
+    kp.host_keys = p->kv_host_keys;
+    kp.max_rows = p->n_batch; /* a batch's rows are appended before they attend */
     kp.app_f_c = p->kv_app_f_c;
     kp.app_f_s = p->kv_app_f_s;
     kp.app_b_c = p->kv_app_b_c;

@@ -113,6 +113,12 @@ def main():
         expect("--kv-spec with --kv-tail", ["run", "-m", good, "-p", "x", "--kv-policy",
                                             "tiered", "--kv-spec", "--kv-tail", "4"], 1,
                ["--kv-spec", "--kv-tail"])
+        expect("--kv-host-keys without the agent", ["run", "-m", good, "-p", "x", "-c", "256",
+                                                    "--kv-policy", "tiered", "--kv-hot", "64K",
+                                                    "--kv-cold", tmp, "--kv-host-keys", "64"], 1,
+               ["--kv-host-keys 64", "needs the storage agent"])
+        expect("bad --kv-host-keys", ["run", "-m", good, "-p", "x", "--kv-host-keys", "0"], 2,
+               ["--kv-host-keys"])
         expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
                                             "--kv-tail", "4"], 1, ["--kv-tail 4", "tiered"])
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])

@@ -143,6 +143,20 @@ def run_all(tmp, cold, sock):
             shown = " ".join(extra).replace(sock, "SOCKET")
             print(f"  {label:18s} tiered {shown:18s} alpha=0.2 cold: "
                   f"{'identical to' if same else 'DIFFERENT from'} host scoring, static placement")
+        # --kv-host-keys: the host keeps keys for the sinks and a ring of the newest positions
+        # (40 + the window, two pages and a batch of 8: 96 of 160); its part of the split fits in
+        # it, so the logits are host scoring's with the full copy, bit for bit
+        b8 = ["-b", "8"]
+        hb, e = logits(path, toks, sel + b8, os.path.join(tmp, "b8.f32"))
+        hk, e2 = logits(path, toks, sel + b8 + ["--csd", "--kv-host-keys", "40"],
+                        os.path.join(tmp, "p.f32"))
+        check(hb is not None and hk is not None, f"{label} tiered --kv-host-keys: {e} {e2}")
+        if hb is not None and hk is not None:
+            same = bool(np.array_equal(hb, hk))
+            check(same, f"{label} tiered --csd --kv-host-keys 40: logits differ from host "
+                        f"scoring with every key ({float(np.abs(hb - hk).max()):.2e})")
+            print(f"  {label:18s} tiered --kv-host-keys 40 alpha=0.2 cold: "
+                  f"{'identical to' if same else 'DIFFERENT from'} host scoring with every key")
         # --kv-spec: every layer after the first selects with a query speculated from the
         # previous layer's input: the agent gives the host's logits bit for bit, and they are
         # not those of the selection by the real query
