@@ -341,7 +341,7 @@ typedef struct tr_session_kv_stats {
     uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes;
     /* APP: the last beta, host and agent scoring rates (tokens/s), hot-pool copy and agent row
      * rates (bytes/s): measured running averages, or the given ones; beta_split: the split used,
-     * once the host's share is capped by its budget (the hot pool's tokens) */
+     * once the host's share is capped by its budget (the positions it keeps keys for) */
     double beta, f_c, f_s, b_c, b_s, beta_split;
     /* --kv-tail: mean share of each head's attention left to the estimate (over the rows
      * completed so far; 0 without) */

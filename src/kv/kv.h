@@ -221,8 +221,8 @@ typedef struct tr_kv_stats {
      * agent row rates (bytes/s: DRAM copy, agent reads to the shared working set), the measured
      * selection fractions of the host's and the agent's parts */
     double beta, f_c, f_s, b_c, b_s, alpha_c, alpha_s;
-    /* the split in effect at the last layer scored: beta after the host budget (the hot pool's
-     * tokens, M_0) caps the host's share */
+    /* the split in effect at the last layer scored: beta after the host budget M_0 (the
+     * positions the host keeps keys for, --kv-host-keys) caps the host's share */
     double beta_split;
     /* tail: rows completed with the estimate, and their summed share of attention left to it
      * (mean over query heads), cumulative */
