@@ -392,6 +392,7 @@ if sw:
     for d in sw:
         auto = d.get("beta_set", -1) < 0
         hk = f" (M_0 {d['host_keys']})" if d.get("host_keys") else ""
+        hk += ", with row terms" if "row terms" in d.get("label", "") else ""
         L.append(f"| {'APP' + hk + ': ' if auto else ''}{d['beta']:.4g} | {spl(d):.3f} | {d['ctx']} | "
                  f"{d['step_ms']:.0f} ({d['step_ms_min']:.0f}) | "
                  f"{d['f_c'] / 1e6:.2f} | {d['f_s'] / 1e6:.2f} | {d['b_c'] / 1e9:.1f} | "
@@ -399,7 +400,9 @@ if sw:
                  f"{d['dram_bytes'] / 2**30:.2f} | "
                  f"{d['load_before']:.1f}/{d['load_after']:.1f} |")
     fixed = [d for d in sw if d.get("beta_set", -1) >= 0]
-    autos = [d for d in sw if d.get("beta_set", -1) < 0 and not d.get("host_keys")]
+    autos = [d for d in sw if d.get("beta_set", -1) < 0 and not d.get("host_keys")
+             and "row terms" not in d.get("label", "")]
+    rowt = [d for d in sw if "row terms" in d.get("label", "")]
     if fixed and autos:
         # a point measured in several passes counts by its mean
         by_b = {}
@@ -417,6 +420,21 @@ if sw:
                  f"{len(autos)} runs; last beta {a['beta']:.2f}), {am:.0f} ms, "
                  f"{100 * (am / mean(by_b[bb]) - 1):+.0f}% against the minimum; the minimum's "
                  f"split is {100 * (spl(best) / asp - 1):+.0f}% from APP's (target: within 20%).")
+        if rowt:
+            L.append("")
+            L.append(f"APP with the row terms of DESIGN.md's balance (before this session's "
+                     f"change; {len(rowt)} runs): splits "
+                     + ", ".join(f"{spl(d):.2f}" for d in rowt) + ", "
+                     + ", ".join(f"{d['step_ms']:.0f}" for d in rowt) + " ms.")
+        hks = [d for d in sw if d.get("host_keys") and d.get("beta_set", -1) < 0]
+        if hks:
+            L.append("")
+            L.append(f"APP with the host budget M_0 = {hks[-1]['host_keys']} positions "
+                     f"(--kv-host-keys; {len(hks)} runs): split "
+                     f"{sum(spl(d) for d in hks) / len(hks):.3f}, "
+                     f"{sum(d['step_ms'] for d in hks) / len(hks):.0f} ms, DRAM "
+                     f"{hks[-1]['dram_bytes'] / 2**30:.2f} GiB against "
+                     f"{autos[-1]['dram_bytes'] / 2**30:.2f} GiB with every key.")
     L.append("")
 # hand-written notes below the marker survive a re-run
 MARK = "<!-- notes: kept by bench_kv.sh -->"

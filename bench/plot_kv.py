@@ -73,7 +73,8 @@ for d in sw:
 fixed = sorted((split(ds[-1]), sum(d["step_ms"] for d in ds) / len(ds), ds[-1]["beta"])
                for ds in by_b.values())
 # APP with the host keeping every key (a row with --host-keys shows its budget capping the split)
-auto = [d for d in sw if d.get("beta_set", -1) < 0 and not d.get("host_keys")]
+auto = [d for d in sw if d.get("beta_set", -1) < 0 and not d.get("host_keys")
+        and "row terms" not in d.get("label", "")]
 if fixed:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot([x for x, _, _ in fixed], [ms for _, ms, _ in fixed], marker="o", color="tab:blue",

@@ -82,7 +82,7 @@ static const flag k_flags[] = {
     {"--csd-link-gbps", F_CSDLINK, true, "R storage agent: throttle its link to the host to R GB/s"},
     {"--kv-beta", F_KVBETA, true, "B        storage agent: host/agent share of the scoring (default: from measured rates)"},
     {"--kv-host-keys", F_KVHOSTKEYS, true, "N  storage agent: the host keeps scoring keys for N recent positions per layer, its share's limit (default: all)"},
-    {"--kv-app-rates", F_KVAPPRATES, true, "FC,FS,BC,BS storage agent: APP's rates instead of measured ones: host and agent scoring (M tokens/s), hot-pool copies and agent rows (GB/s); 0 = measure that one"},
+    {"--kv-app-rates", F_KVAPPRATES, true, "FC,FS,BC,BS storage agent: APP's rates instead of measured ones: host and agent scoring (M tokens/s: beta = FC/FS), hot-pool copies and agent rows (GB/s, reported); 0 = measure that one"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };

@@ -589,15 +589,19 @@ tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     return TR_OK;
 }
 
+/* DESIGN.md's balance, n_c/f_c + a_c n_c rec/B_c = n_s/f_s + a_s n_s rec/B_s, is HillInfer's,
+ * where a side's share of the tokens is also where their rows live: rows selected from the host's
+ * share cross B_c, the others B_s. Here the split moves the scoring only. A selected token's row
+ * comes from where BKP placed it (the hot pool's copy, or the agent's reads) whoever scored it,
+ * so at every split both sides move the same rows: the row terms (and with them the selected
+ * fractions a_c, a_s that correct for BKP's skew) are the same on both sides and drop out. What
+ * is left is the two scorings running side by side, equal when n_c / n_s = f_c / f_s. The
+ * equation with its row terms chose beta 1.73-2.04 on the 16K bench, where the step was fastest
+ * at 2.5 and the scoring from 3 to 6; this balance chose 2.5-2.9 (bench/results/kv.md). */
 double tr_kv_app_beta(const tr_kv *kv) {
     if (kv->params.beta >= 0.0f) return kv->params.beta;
     if (!(kv->app_tc > 0 && kv->app_ts > 0)) return 1.0; /* nothing measured yet: an even split */
-    const double rec = (double)kv->rec;
-    const double ac = kv->app_ac > 0 ? kv->app_ac : kv->params.alpha;
-    const double as = kv->app_as > 0 ? kv->app_as : kv->params.alpha;
-    const double cc = kv->app_tc + (kv->app_bc > 0 ? ac * rec / kv->app_bc : 0.0);
-    const double cs = kv->app_ts + (kv->app_bs > 0 ? as * rec / kv->app_bs : 0.0);
-    return cs / cc;
+    return kv->app_ts / kv->app_tc;
 }
 
 /* ---- rows ------------------------------------------------------------------------------------- */

@@ -301,8 +301,8 @@ static inline void tr_kv_app_avg(double *avg, double sample) {
 }
 /* the rates given by the caller (tr_kv_params.app_*) are set at create and never measured */
 void tr_kv_app_init(tr_kv *kv);
-/* beta for the next step from the measured rates (DESIGN.md: equal time on both paths,
- * n_c/f_c + a_c n_c rec/B_c = n_s/f_s + a_s n_s rec/B_s), the host's part capped by the hot pool */
+/* beta for the next step from the measured scoring rates: equal time on both paths (see the
+ * function for why the row terms of DESIGN.md's balance drop out here) */
 double tr_kv_app_beta(const tr_kv *kv);
 /* APP at start: before the first split with the agent, each rate APP uses not given by flags is
  * measured once on that layer's own data (candidates cand[0, n_a) are on storage) */
