@@ -157,6 +157,14 @@ def run_all(tmp, cold, sock):
                         f"scoring with every key ({float(np.abs(hb - hk).max()):.2e})")
             print(f"  {label:18s} tiered --kv-host-keys 40 alpha=0.2 cold: "
                   f"{'identical to' if same else 'DIFFERENT from'} host scoring with every key")
+        # the same with --kv-spec (the selections made ahead score from the ring too)
+        sb, e = logits(path, toks, sel + b8 + ["--kv-spec"], os.path.join(tmp, "sb8.f32"))
+        sk, e2 = logits(path, toks, sel + b8 + ["--kv-spec", "--csd", "--kv-host-keys", "40"],
+                        os.path.join(tmp, "p.f32"))
+        check(sb is not None and sk is not None, f"{label} tiered --kv-spec --kv-host-keys: {e} {e2}")
+        if sb is not None and sk is not None:
+            check(bool(np.array_equal(sb, sk)), f"{label} tiered --kv-spec --csd --kv-host-keys 40: "
+                  f"logits differ from host scoring ({float(np.abs(sb - sk).max()):.2e})")
         # --kv-spec: every layer after the first selects with a query speculated from the
         # previous layer's input: the agent gives the host's logits bit for bit, and they are
         # not those of the selection by the real query
