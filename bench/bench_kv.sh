@@ -18,7 +18,8 @@
 #   AGENT_ROWS_ONLY=1 adds every row with the agent (each context, batch 8, beta sweep, BKP);
 #   SPEC_ONLY=1 adds, at each context, offload, tiered, the agent, and --kv-spec (the next layer
 #   selected and read ahead) with the agent and on the host (SPEC_RHO: the speculation's quality),
-#   and the agent with --kv-spec at each alpha of SPEC_ALPHAS and each host budget of SPEC_HOST_KEYS;
+#   and the agent with --kv-spec at each alpha of SPEC_ALPHAS and each host budget of SPEC_HOST_KEYS,
+#   and the agent with and without --kv-spec at each --bkp of SPEC_BKP;
 #   TAIL_MIN_ONLY=1 adds tiered --tail 4 at each --tail-min of TAIL_MINS, and summing 1 in N
 #   unselected tokens whatever their share for each N of TAIL_EVERY (the cost of the tail at the
 #   fractions summed on real models; this fill's shares are too peaked to get there), at each
@@ -130,6 +131,13 @@ spec_rows() { # ctx: --kv-spec on the agent and on the host, next to the baselin
     run "tiered + spec" tiered "$1" 1 --spec "$SPEC_RHO"
     for a in ${SPEC_ALPHAS:-}; do
         run "tiered + agent + spec, alpha $a" tiered "$1" 1 --csd --spec "$SPEC_RHO" --alpha "$a"
+    done
+    # the agent with BKP (--bkp on: the agent + BKP + APP), with and without --kv-spec
+    # (SPEC_BKP_STEPS steps: placement learns from the hits of the steps before)
+    for b in ${SPEC_BKP:-}; do
+        run "tiered + agent, BKP $b" tiered "$1" 1 --csd --bkp "$b" --steps "${SPEC_BKP_STEPS:-24}"
+        run "tiered + agent + spec, BKP $b" tiered "$1" 1 --csd --spec "$SPEC_RHO" --bkp "$b" \
+            --steps "${SPEC_BKP_STEPS:-24}"
     done
     # the host budget M_0 set (--kv-host-keys): its key copy kept for that many newest positions
     for h in ${SPEC_HOST_KEYS:-}; do
