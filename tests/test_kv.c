@@ -166,6 +166,18 @@ static uint64_t hot_min(const shp *s, const tr_kv_params *p) {
     return (uint64_t)s->nl * (uint64_t)(p->n_sink + TR_KV_PAGE) * rec;
 }
 
+/* tiered at alpha 0.15 over a cold pool, the hot pool 32 tokens a layer over the minimum; with
+ * csd, the agent scores in chunks of 64 (several chunks and score blocks per step) */
+static tr_kv_params cold_params(const shp *s, bool csd) {
+    const uint64_t rec = (uint64_t)s->nkv * (uint64_t)(s->hdk + s->hdv) * 2;
+    tr_kv_params p = params(TR_KV_TIERED, 0.15f);
+    p.hot_bytes = hot_min(s, &p) + (uint64_t)s->nl * 32 * rec;
+    p.cold_dir = g_tmp;
+    p.csd = csd;
+    p.csd_chunk = 64;
+    return p;
+}
+
 static tr_kv *mk(const shp *s, const tr_kv_params *p) {
     tr_kv *kv = NULL;
     tr_error err = {0};
@@ -1653,11 +1665,7 @@ static void test_csd(void) {
     tr_kv *kv[NK] = {0};
     tr_kv_params p[NK];
     for (int i = 0; i < NK; i++) {
-        p[i] = params(TR_KV_TIERED, 0.15f);
-        p[i].hot_bytes = hot_min(&s, &p[i]) + (uint64_t)s.nl * 32 * rec;
-        p[i].cold_dir = g_tmp;
-        p[i].csd = i % 2 == 1;
-        p[i].csd_chunk = 64; /* several chunks and score blocks per step */
+        p[i] = cold_params(&s, i % 2 == 1);
         p[i].bkp = i < 2 ? TR_KV_BKP_OFF : TR_KV_BKP_ON;
         /* the same split of the tokens on storage between host and agent on both sides (APP
          * chooses it from measured rates, which differ between runs) */
@@ -1849,16 +1857,11 @@ static void test_host_keys(void) {
     data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 93, false);
     data_make(&d2, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 4343, false);
     const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
-    const uint64_t rec = (uint64_t)s.nkv * (uint64_t)(s.hdk + s.hdv) * 2;
     const tr_kv_shape sh = to_shape(&s);
     tr_kv *kv[NK] = {0};
     tr_kv_params p[NK];
     for (int i = 0; i < NK; i++) {
-        p[i] = params(TR_KV_TIERED, 0.15f);
-        p[i].hot_bytes = hot_min(&s, &p[i]) + (uint64_t)s.nl * 32 * rec;
-        p[i].cold_dir = g_tmp;
-        p[i].csd = true;
-        p[i].csd_chunk = 64;
+        p[i] = cold_params(&s, true);
         p[i].max_rows = 1;
         /* 0: the full copy; 1: a ring that holds the split (at most 20% of ~470 tokens); 2: a
          * ring too small for an even split */
@@ -2011,19 +2014,14 @@ static void test_spec(void) {
     data d;
     data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 77, false);
     const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
-    const uint64_t rec = (uint64_t)s.nkv * (uint64_t)(s.hdk + s.hdv) * 2;
     /* 0: ahead, host; 1: at the layer, host; 2: ahead, agent; 3: no speculation */
     tr_kv *kv[NR] = {0};
     for (int i = 0; i < NR; i++) {
-        tr_kv_params p = params(TR_KV_TIERED, 0.15f);
+        tr_kv_params p = cold_params(&s, i == 2);
         p.n_window = TR_KV_PAGE; /* as in use: at least a page (see tr_kv_select_row) */
-        p.hot_bytes = hot_min(&s, &p) + (uint64_t)s.nl * 32 * rec;
-        p.cold_dir = g_tmp;
         p.bkp = TR_KV_BKP_ON;
         p.beta = 0.5f; /* the same host/agent split everywhere */
         p.spec = i != 3;
-        p.csd = i == 2;
-        p.csd_chunk = 64;
         kv[i] = mk(&s, &p);
         if (!kv[i]) goto out;
         kv[i]->read_gap = 0;
