@@ -554,9 +554,7 @@ tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
         kv->app_ts = (double)(atomic_load(&c->score_ns) - s0) / m;
     }
     /* the host's part: the newest of the tokens, as a split gives it, within its key copy */
-    const int32_t hlo = tr_kv_hk_lo(kv, &kv->layers[layer]);
-    int32_t mc = 0;
-    while (mc < m && cand[n_a - 1 - mc] >= hlo) mc++;
+    const int32_t mc = tr_kv_hk_held(kv, &kv->layers[layer], cand, n_a, m);
     if (!(p->app_f_c > 0) && mc > 0) { /* as the host scores its part in tr_kv_csd_score */
         const int32_t *hc = cand + n_a - mc;
         const uint64_t t0 = tr_io_now_ns();

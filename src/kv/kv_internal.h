@@ -424,6 +424,15 @@ static inline int32_t tr_kv_hk_lo(const tr_kv *kv, const tr_kv_layer *L) {
     if (!kv->hk_wrap) return 0;
     return L->len - kv->hk_ring > kv->hk_sink ? L->len - kv->hk_ring : kv->hk_sink;
 }
+/* how many of the last of the ascending positions cand[0, n), at most `most`, the host's key
+ * copy holds: the host's part of a split */
+static inline int32_t tr_kv_hk_held(const tr_kv *kv, const tr_kv_layer *L, const int32_t *cand,
+                                    int32_t n, int32_t most) {
+    const int32_t lo = tr_kv_hk_lo(kv, L);
+    int32_t k = 0;
+    while (k < most && k < n && cand[n - 1 - k] >= lo) k++;
+    return k;
+}
 
 static inline int32_t tr_kv_count(float alpha, int32_t n) {
     return (int32_t)ceil((double)alpha * n - 1e-6 * n);

@@ -597,9 +597,7 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
             int32_t n_c = (int32_t)lround((double)n_a * beta / (1.0 + beta));
             if (kv->hk_wrap) {
                 const int32_t hlo = tr_kv_hk_lo(kv, L);
-                int32_t held = 0;
-                while (held < n_c && cand[n_a - 1 - held] >= hlo) held++;
-                n_c = held;
+                n_c = tr_kv_hk_held(kv, L, cand, n_a, n_c);
                 /* the rest of the host's part (the open page, the window, the sinks) is always
                  * held: the ring is sized for it */
                 for (int32_t i = n_a; i < n_all; i++)
