@@ -153,30 +153,50 @@ static void make_kv(float *k, float *v, int l, int32_t t, int seq, const float *
     }
 }
 
+/* The query's random part per (sequence, layer, head, channel): AR(1) along the decode steps,
+ * correlation g_qrho from one step to the next (0: drawn anew each step, as before --q-rho). A real
+ * model's queries at neighbouring positions are alike, so its selections repeat: at alpha 0.2 a
+ * row selects about 72% of what the row before it selected (kv_sel_repeat on SmolLM2-135M and
+ * Qwen2.5-0.5B); fresh draws give 23%, 0.96 gives 74% (bench/results/kv.md). */
+static float g_qrho = 0.0f;
+static float *g_qst;     /* [batch][NL][NH * HD] */
+static float *g_qsb;     /* --spec: the speculation's own part, alike from step to step too */
+static uint8_t *g_qset;  /* [batch][NL]: the state has been drawn */
+
 static void make_q(float *q, int l, int32_t pos, int seq, const float *cs) {
     uint64_t s = mix((uint64_t)pos * 7919u + (uint64_t)l * 104729u + (uint64_t)seq);
+    const size_t at = ((size_t)seq * NL + (size_t)l) * NH * HD;
+    float *a = g_qst + at, *b = g_qsb + at;
+    uint8_t *set = &g_qset[(size_t)seq * NL + (size_t)l];
+    const float keep = *set ? g_qrho : 0.0f, fresh = sqrtf(1.0f - keep * keep);
+    *set = 1;
+    uint64_t s2 = mix(s ^ 0x5bd1e995u);
     for (int h = 0; h < NH; h++) {
         const size_t lg = ((size_t)l * NKV + (size_t)(h / (NH / NKV))) * HD;
-        float *qh = q + (size_t)h * HD;
-        for (int c = 0; c < HD; c++) qh[c] = 3.0f * (0.7f * normal(&s) + 0.4f * g_dir[lg + c]);
+        float *qh = q + (size_t)h * HD, *ah = a + (size_t)h * HD, *bh = b + (size_t)h * HD;
+        for (int c = 0; c < HD; c++) {
+            ah[c] = keep * ah[c] + fresh * normal(&s);
+            bh[c] = keep * bh[c] + fresh * normal(&s2);
+            qh[c] = 3.0f * (0.7f * ah[c] + 0.4f * g_dir[lg + c]);
+        }
         rope(qh, cs);
     }
 }
 
 /* --spec R: layer l + 1's speculative query, given during layer l. A real model's speculation
  * (l + 1's projection of l's input) is close to the real query but not equal: here the query's
- * random part is correlated R with the real one's (the shared direction is kept) */
-static void make_q_spec(float *q, int l, int32_t pos, int seq, const float *cs, float rho) {
-    uint64_t s = mix((uint64_t)pos * 7919u + (uint64_t)l * 104729u + (uint64_t)seq);
-    uint64_t s2 = mix(s ^ 0x5bd1e995u);
+ * random part is correlated R with the real one's (the shared direction is kept); its own part
+ * persists from step to step as the query's does. Call after make_q for the same (l, pos, seq). */
+static void make_q_spec(float *q, int l, const float *cs, int seq, float rho) {
+    const size_t at = ((size_t)seq * NL + (size_t)l) * NH * HD;
+    const float *a = g_qst + at, *b = g_qsb + at;
     const float o = sqrtf(1.0f - rho * rho);
     for (int h = 0; h < NH; h++) {
         const size_t lg = ((size_t)l * NKV + (size_t)(h / (NH / NKV))) * HD;
         float *qh = q + (size_t)h * HD;
-        for (int c = 0; c < HD; c++) {
-            const float a = normal(&s), b = normal(&s2);
-            qh[c] = 3.0f * (0.7f * (rho * a + o * b) + 0.4f * g_dir[lg + c]);
-        }
+        const float *ah = a + (size_t)h * HD, *bh = b + (size_t)h * HD;
+        for (int c = 0; c < HD; c++)
+            qh[c] = 3.0f * (0.7f * (rho * ah[c] + o * bh[c]) + 0.4f * g_dir[lg + c]);
         rope(qh, cs);
     }
 }
@@ -193,7 +213,7 @@ typedef struct bench {
 typedef struct step_result {
     double mean_ms, min_ms, bytes_read, dev_read, read_ops, selected, score_ms, attn_ms, io_ms;
     double csd_scores, csd_rows, csd_storage, promotions, demotions, pingpong, migrated;
-    double sel_hot, sel_cold;
+    double sel_hot, sel_cold, sel_follow, sel_repeat;
     double spec_rows, spec_early, spec_cos; /* per step; spec_cos: the mean */
     double cpu_user_ms, cpu_sys_ms; /* the process's CPU time per step */
 } step_result;
@@ -217,7 +237,7 @@ static int measure(bench *B, step_result *r) {
                 const size_t o = (size_t)b * NL + l;
                 make_kv(B->k + o * NKV * HD, B->v + o * NKV * HD, l, pos, b, B->cs);
                 make_q(B->q + o * NH * HD, l, pos, b, B->cs);
-                if (B->spec > 0) make_q_spec(B->qs + o * NH * HD, l, pos, b, B->cs, B->spec);
+                if (B->spec > 0) make_q_spec(B->qs + o * NH * HD, l, B->cs, b, B->spec);
             }
         tr_kv_stats st0[64], st1;
         for (int b = 0; b < B->batch; b++) tr_kv_get_stats(B->kv[b], &st0[b]);
@@ -270,6 +290,8 @@ static int measure(bench *B, step_result *r) {
             r->migrated += (double)(st1.migrated_bytes - st0[b].migrated_bytes) / n;
             r->sel_hot += (double)(st1.sel_hot - st0[b].sel_hot) / n;
             r->sel_cold += (double)(st1.sel_cold - st0[b].sel_cold) / n;
+            r->sel_follow += (double)(st1.sel_follow - st0[b].sel_follow) / n;
+            r->sel_repeat += (double)(st1.sel_repeat - st0[b].sel_repeat) / n;
             r->spec_rows += (double)(st1.spec_rows - st0[b].spec_rows) / n;
             r->spec_early += (double)(st1.spec_early - st0[b].spec_early) / n;
             cos_sum += st1.spec_cos_sum - st0[b].spec_cos_sum;
@@ -284,7 +306,7 @@ static void usage(void) {
                     "[--bits 4|8] [--hot-frac F] [--steps S] [--threads T] [--io-threads N] "
                     "[--read-gap G] [--bkp off|on|naive] [--csd] [--csd-gbps R] [--csd-gflops R] "
                     "[--csd-link-gbps R] [--csd-chunk N] [--beta B] [--host-keys N] [--pipe 1..4] [--pull-keys] [--spec R] "
-                    "[--plan]\n");
+                    "[--q-rho R] [--plan]\n");
     exit(2);
 }
 
@@ -315,7 +337,7 @@ int main(int argc, char **argv) {
         {"csd-link-gbps", 1, 0, 'L'}, {"csd-chunk", 1, 0, 'K'}, {"beta", 1, 0, 'E'},
         {"pipe", 1, 0, 'W'},       {"pull-keys", 0, 0, 'U'}, {"tail", 1, 0, 'T'},
         {"tail-min", 1, 0, 'M'},   {"tail-every", 1, 0, 'V'}, {"spec", 1, 0, 'X'},
-        {"host-keys", 1, 0, 'H'},  {0, 0, 0, 0}};
+        {"host-keys", 1, 0, 'H'},  {"q-rho", 1, 0, 'Q'},   {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'c': cold = optarg; break;
@@ -345,6 +367,7 @@ int main(int argc, char **argv) {
         case 'U': pull_keys = true; break;
         case 'S': g_smooth = (float)atof(optarg); break;
         case 'R': g_rho = (float)atof(optarg); break;
+        case 'Q': g_qrho = (float)atof(optarg); break;
         case 'g': { /* a list: the steps are measured once per value, on the same fill */
             n_gaps = 0;
             for (char *t = strtok(optarg, ","); t && n_gaps < 8; t = strtok(NULL, ","))
@@ -356,7 +379,7 @@ int main(int argc, char **argv) {
         }
     }
     if (ctx < 64 || batch < 1 || batch > 64 || steps < 1 || (!cold && !plan) || spec < 0 ||
-        spec > 1)
+        spec > 1 || g_qrho < 0 || g_qrho >= 1)
         usage();
     tr_error err = {0};
     tr_kv_params p = tr_kv_default_params();
@@ -409,6 +432,9 @@ int main(int argc, char **argv) {
     }
     stats_make();
     g_lat = calloc((size_t)batch * NL * NKV * HD, sizeof(float));
+    g_qst = calloc((size_t)batch * NL * NH * HD, sizeof(float));
+    g_qsb = calloc((size_t)batch * NL * NH * HD, sizeof(float));
+    g_qset = calloc((size_t)batch * NL, 1);
     float *cs = malloc(sizeof(float) * HD);
     float *k = malloc(sizeof(float) * (size_t)batch * NL * NKV * HD);
     float *v = malloc(sizeof(float) * (size_t)batch * NL * NKV * HD);
@@ -462,14 +488,15 @@ int main(int argc, char **argv) {
                "\"io_wait_ms\": %.1f, \"hot_used\": %llu, \"cold_used\": %llu, \"read_gap\": %d, "
                "\"pipe\": %d, \"pull_keys\": %s, \"tail\": %d, "
                "\"tail_min\": %g, \"tail_kept\": %.4f, \"io_threads\": %d, \"cpu_user_ms\": %.0f, \"cpu_sys_ms\": %.0f, \"smooth\": %.2f, "
-               "\"rho\": %.3f, \"runs_per_token\": %.3f, \"bkp\": \"%s\", \"csd\": %s, "
+               "\"rho\": %.3f, \"q_rho\": %.3f, \"runs_per_token\": %.3f, \"bkp\": \"%s\", \"csd\": %s, "
                "\"csd_gbps\": %g, \"csd_gflops\": %g, \"csd_link_gbps\": %g, "
                "\"csd_score_bytes\": %.0f, \"csd_row_bytes\": %.0f, \"csd_storage_bytes\": %.0f, "
                "\"promotions\": %.1f, \"demotions\": %.1f, \"pingpong\": %.1f, "
                "\"migrated_bytes\": %.0f, \"hot_hit_rate\": %.4f, \"csd_mem_bytes\": %llu, "
                "\"beta_set\": %g, \"beta\": %.4f, \"beta_split\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
                "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f, \"spec\": %g, "
-               "\"spec_rows\": %.1f, \"spec_early\": %.1f, \"spec_cos\": %.4f, \"host_keys\": %d}\n",
+               "\"spec_rows\": %.1f, \"spec_early\": %.1f, \"spec_cos\": %.4f, \"host_keys\": %d, "
+               "\"sel_repeat\": %.4f}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
                kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
@@ -479,13 +506,14 @@ int main(int argc, char **argv) {
                pull_keys ? "true" : "false", tail,
                (double)p.tail_min, fin.tail_cand ? (double)fin.tail_kept / (double)fin.tail_cand : 0.0,
                p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
-               (double)g_smooth, (double)g_rho,
+               (double)g_smooth, (double)g_rho, (double)g_qrho,
                r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0,
                bkp, csd ? "true" : "false", csd_gbps, csd_gflops, csd_link, r.csd_scores,
                r.csd_rows, r.csd_storage, r.promotions, r.demotions, r.pingpong, r.migrated,
                r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
                (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.beta_split, fin.f_c, fin.f_s, fin.b_c,
-               fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos, host_keys);
+               fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos, host_keys,
+               r.sel_follow > 0 ? r.sel_repeat / r.sel_follow : 0.0);
         fflush(stdout);
     }
     for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);

@@ -337,6 +337,9 @@ typedef struct tr_session_kv_stats {
     /* placement (cumulative): moves between the pools, moves that reversed one made within 64
      * steps, bytes copied into the hot pool; selected tokens found hot / read from the cold pool */
     uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
+    /* of the tokens a row selects, the fraction the row before it (the previous position) selected
+     * too: how stable selection is from step to step, what BKP can use (0 before two rows) */
+    double sel_repeat;
     /* the storage agent: bytes agent -> host as scores and as rows, bytes it read */
     uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes;
     /* APP: the last beta, host and agent scoring rates (tokens/s), hot-pool copy and agent row

@@ -547,6 +547,64 @@ static void test_selection(void) {
     data_free(&d);
 }
 
+/* sel_follow / sel_repeat against the selections themselves: rows at consecutive positions (some
+ * with the same query, so that much repeats), a jump (not counted), and an SWA layer */
+static void test_sel_repeat(void) {
+    const shp s = {"GQA", 2, 400, 8, 2, 64, 64};
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 23, false);
+    float *q = malloc(sizeof(float) * (size_t)s.nh * s.hdk);
+    uint8_t *prev = calloc(400, 1), *cur = calloc(400, 1);
+    tr_kv_params p = params(TR_KV_TIERED, 0.2f);
+    tr_kv *kv = mk(&s, &p);
+    if (!kv || !fill(kv, &d, 0, s.nctx)) {
+        TU_CHECK(0, "sel_repeat: cache");
+        tr_kv_free(kv);
+        return;
+    }
+    static const int32_t rows[] = {100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110,
+                                   200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210};
+    tr_error err = {0};
+    for (int32_t l = 0; l < s.nl; l++) {
+        const int32_t swa = l ? 150 : 0;
+        uint64_t want_f = 0, want_r = 0;
+        tr_kv_stats st0, st1;
+        tr_kv_get_stats(kv, &st0);
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+            const int32_t pos = rows[i];
+            query_make(q, &s, pos, 700 + (uint64_t)(pos / 3), false); /* same query in threes */
+            int32_t n = 0;
+            tr_status st = tr_kv_select_row(kv, g_pool, l, pos, q, false, 0.125f, swa, &n, &err);
+            TU_CHECK(st == TR_OK, "select: %s", err.msg);
+            const int32_t lo = tr_kv_visible_lo(pos, swa);
+            const int32_t win_lo = pos - p.n_window + 1 > lo ? pos - p.n_window + 1 : lo;
+            memset(cur, 0, 400);
+            for (int32_t j = 0; j < n; j++)
+                if (kv->sel[j] >= p.n_sink && kv->sel[j] < win_lo) cur[kv->sel[j]] = 1;
+            const bool follows = i > 0 && rows[i - 1] == pos - 1;
+            for (int32_t t = 0; t < 400 && follows; t++) {
+                want_f += cur[t];
+                want_r += cur[t] && prev[t];
+            }
+            memcpy(prev, cur, 400);
+        }
+        tr_kv_get_stats(kv, &st1);
+        const uint64_t f = st1.sel_follow - st0.sel_follow, r = st1.sel_repeat - st0.sel_repeat;
+        TU_CHECK(f == want_f && r == want_r && r > 0 && r < f,
+                 "layer %d: %llu of %llu selected tokens repeat, want %llu of %llu", l,
+                 (unsigned long long)r, (unsigned long long)f, (unsigned long long)want_r,
+                 (unsigned long long)want_f);
+        printf("sel_repeat: layer %d (swa %d): %llu of %llu tokens selected by the row before too, "
+               "as counted from the selections\n",
+               l, swa, (unsigned long long)r, (unsigned long long)f);
+    }
+    tr_kv_free(kv);
+    free(q);
+    free(prev);
+    free(cur);
+    data_free(&d);
+}
+
 /* ---- 3. recall of low-precision scoring; max vs sum; channel equalisation -------------------- */
 
 typedef struct recall_acc {
@@ -1451,6 +1509,60 @@ static void test_app_rates(void) {
     tr_kv_free(kv);
 }
 
+/* APP's measured rates recover from a stale one: a start-up probe (or a step) that found the agent
+ * 1000x slower than it is gives it ~0 tokens, too few to measure it again; every
+ * TR_KV_APP_EXPLORE layers it gets TR_KV_APP_MIN_PART tokens, measured at half weight. Without
+ * that, beta would stay at 1000. And one outlying sample moves an average by at most a tenth. */
+static void test_app_explore(void) {
+    double a = 100.0;
+    tr_kv_app_avg(&a, 1e6);
+    const double a1 = a;
+    tr_kv_app_avg(&a, 0.0);
+    TU_CHECK(fabs(a1 - 110.0) < 1e-9 && fabs(a - 104.5) < 1e-9,
+             "APP average: 100 then a sample of 1e6 gives %g (want 110), then 0 gives %g (104.5)",
+             a1, a);
+    const shp s = {"GQA", 1, 2700, 4, 1, 32, 32};
+    enum { N0 = 2600, ROWS = 48 };
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 93, false);
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    tr_kv_params p = cold_params(&s, true);
+    tr_kv *kv = mk(&s, &p);
+    float *q = malloc(sizeof(float) * qn), *o = malloc(sizeof(float) * on);
+    tr_error err = {0};
+    int explored = 0, failed = 0;
+    double beta0 = 0;
+    if (!kv || !fill(kv, &d, 0, N0)) goto out;
+    for (int32_t pos = N0; pos < N0 + ROWS && !failed; pos++) {
+        query_make(q, &s, pos, 500 + (uint64_t)pos, false);
+        if (tr_kv_append(kv, 0, pos, dk(&d, 0, pos), dv(&d, 0, pos), &err) ||
+            tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err)) {
+            TU_CHECK(0, "APP explore, row %d: %s", pos, err.msg);
+            failed = 1;
+            break;
+        }
+        if (pos == N0) { /* after the probe and the first split: the agent's rate made stale */
+            kv->app_ts = kv->app_tc * 1000.0;
+            beta0 = tr_kv_app_beta(kv);
+        } else {
+            /* a split the agent gets TR_KV_APP_MIN_PART of (beta_split = host / agent) */
+            explored += kv->app_beta_split < 10.0;
+        }
+    }
+    const double beta1 = tr_kv_app_beta(kv);
+    /* the layer's selections count from the first row: the 16th, 32nd and 48th explore */
+    TU_CHECK(!failed && explored == ROWS / TR_KV_APP_EXPLORE && beta1 < beta0 / 4,
+             "APP explore: %d splits fed the starved agent (want %d), beta %g -> %g", explored,
+             ROWS / TR_KV_APP_EXPLORE, beta0, beta1);
+    printf("APP explore: a stale agent rate (beta %.0f) measured again %d times in %d rows: beta "
+           "%.1f\n", beta0, explored, ROWS - 1, beta1);
+out:
+    tr_kv_free(kv);
+    free(q);
+    free(o);
+    data_free(&d);
+}
+
 /* The agent's baseline (tr_kv.pull_keys): host scoring that reads every cold page's key copy from
  * storage first. Same outputs as tiered, more bytes read (the key copies of every written page),
  * and a corrupted key copy on storage is a named error. */
@@ -2326,6 +2438,7 @@ int main(void) {
     test_alpha1();
     test_topk();
     test_selection();
+    test_sel_repeat();
     test_recall();
     test_h2o();
     test_quest();
@@ -2336,6 +2449,7 @@ int main(void) {
     test_pull_keys();
     test_tail();
     test_app_rates();
+    test_app_explore();
     test_csd();
     test_host_keys();
     test_csd_listen();

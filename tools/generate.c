@@ -168,9 +168,11 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
                 cli_bytes(kv.cold_bytes, b2, sizeof b2), cli_bytes(kv.bytes_read, b3, sizeof b3),
                 kv.score_ms, kv.attn_ms, (unsigned long long)kv.selected);
         if (kv.sel_hot + kv.sel_cold)
-            fprintf(stderr, "terrace: kv pools     selected tokens found hot %.1f %%; %llu promoted, "
-                            "%llu demoted, %llu ping-pong moves\n",
+            fprintf(stderr, "terrace: kv pools     selected tokens found hot %.1f %%, selected by "
+                            "the step before too %.1f %%; %llu promoted, %llu demoted, %llu "
+                            "ping-pong moves\n",
                     100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold),
+                    100.0 * kv.sel_repeat,
                     (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
                     (unsigned long long)kv.pingpong);
         if (kv.tail_kept > 0.0 || kv.tail_share > 0.0)

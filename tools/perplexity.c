@@ -126,6 +126,11 @@ int cmd_perplexity(int argc, char **argv) {
         fprintf(stderr, "perplexity: kv tail: %.1f %% of the unselected tokens summed, holding on "
                         "average %.2f %% of each head's attention\n",
                 100.0 * kv.tail_kept, 100.0 * kv.tail_share);
+    if (kv.managed && kv.sel_hot + kv.sel_cold)
+        fprintf(stderr, "perplexity: kv selection: %.1f %% of the tokens a row selects were selected "
+                        "by the row before it too; %.1f %% found hot\n",
+                100.0 * kv.sel_repeat,
+                100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold));
     if (kv.managed && kv.spec_rows)
         fprintf(stderr, "perplexity: kv spec: %llu rows selected with a speculative query (%llu "
                         "during the previous layer), cosine to the real query %.3f\n",

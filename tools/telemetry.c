@@ -124,7 +124,7 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                     "\"kv_f_c\": %.0f, "
                     "\"kv_f_s\": %.0f, \"kv_b_c\": %.0f, \"kv_b_s\": %.0f, \"kv_tail_share\": %.5f, "
                     "\"kv_tail_kept\": %.5f, \"kv_spec_rows\": %llu, \"kv_spec_early\": %llu, "
-                    "\"kv_spec_cos\": %.4f",
+                    "\"kv_spec_cos\": %.4f, \"kv_sel_repeat\": %.4f",
                     kv.policy, (long long)kv.tokens, (unsigned long long)kv.hot_bytes,
                     (unsigned long long)kv.cold_bytes, (unsigned long long)kv.selected,
                     (unsigned long long)kv.bytes_read, kv.score_ms, kv.attn_ms,
@@ -136,7 +136,7 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                     (unsigned long long)kv.csd_score_bytes, (unsigned long long)kv.csd_row_bytes,
                     kv.beta, kv.beta_split, kv.f_c, kv.f_s, kv.b_c, kv.b_s, kv.tail_share,
                     kv.tail_kept, (unsigned long long)kv.spec_rows,
-                    (unsigned long long)kv.spec_early, kv.spec_cos);
+                    (unsigned long long)kv.spec_early, kv.spec_cos, kv.sel_repeat);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
         fputs("}\n", t->f);

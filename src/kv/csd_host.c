@@ -27,7 +27,6 @@ extern char **environ;
 
 #define CSD_SLICE_NS (50ull * 1000 * 1000) /* waits check the agent this often */
 #define CSD_START_NS (10ull * 1000 * 1000 * 1000)
-#define APP_MIN_PART 1024 /* tokens: smaller parts do not update the measured scoring rates */
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -496,10 +495,19 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     const double tc = (double)host_ns / (double)(n - n_a);
     const double ts = (double)(atomic_load(&c->score_ns) - agent0) / (double)n_a;
     const tr_kv_params *p = &kv->params;
-    if (!(p->app_f_c > 0) && (n - n_a >= APP_MIN_PART || kv->app_tc <= 0))
-        tr_kv_app_avg(&kv->app_tc, tc);
-    if (!(p->app_f_s > 0) && (n_a >= APP_MIN_PART || kv->app_ts <= 0))
-        tr_kv_app_avg(&kv->app_ts, ts);
+    if (!(p->app_f_c > 0) && (n - n_a >= TR_KV_APP_MIN_PART || kv->app_tc <= 0)) {
+        if (kv->app_exploring == 1)
+            kv->app_tc = 0.5 * kv->app_tc + 0.5 * tc;
+        else
+            tr_kv_app_avg(&kv->app_tc, tc);
+    }
+    if (!(p->app_f_s > 0) && (n_a >= TR_KV_APP_MIN_PART || kv->app_ts <= 0)) {
+        if (kv->app_exploring == 2)
+            kv->app_ts = 0.5 * kv->app_ts + 0.5 * ts;
+        else
+            tr_kv_app_avg(&kv->app_ts, ts);
+    }
+    kv->app_exploring = 0;
     return TR_OK;
 }
 

@@ -762,6 +762,8 @@ void tr_kv_get_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->migrated_bytes = kv->migrated_bytes;
     o->sel_hot = kv->sel_hot;
     o->sel_cold = kv->sel_cold;
+    o->sel_follow = kv->sel_follow;
+    o->sel_repeat = kv->sel_repeat;
     o->beta = kv->app_beta;
     o->beta_split = kv->app_beta_split;
     o->f_c = kv->app_tc > 0 ? 1e9 / kv->app_tc : 0;

@@ -41,7 +41,7 @@ typedef struct tr_kv_tok {
     uint32_t slot; /* hot slot when where == HOT */
     uint16_t hits; /* times selected, saturating */
     uint8_t where; /* TR_KV_TOK_* */
-    uint8_t pad;
+    uint8_t chosen; /* the layer's last selection chose it (not forced): sel_repeat */
 } tr_kv_tok;
 
 /* aggregation of per-head scores into one score per token (tiered, quest). MAX and SUM act on
@@ -81,6 +81,8 @@ typedef struct tr_kv_layer {
     uint32_t *moved;       /* BKP: [n_ctx] (step << 1 | 1 promoted / 0 demoted) of the last
                               move, 0 never moved */
     uint32_t step;         /* decode steps (selective rows) of this layer, from 1 */
+    uint32_t sel_rows;     /* selections made at this layer (sel_repeat) */
+    int32_t sel_last_pos;  /* the row of the last of them */
     int32_t att_hi;        /* BKP: the highest position a row has attended from, -1 none */
     int32_t csd_inval;     /* the first page rewritten since the agent last scored this layer
                               (INT32_MAX: none) */
@@ -211,6 +213,8 @@ struct tr_kv {
     double app_beta;
     double app_beta_split; /* app_beta once the host's share is capped (M_0): the split used */
     bool app_probed;             /* the start-up measurement is done (tr_kv_app_probe) */
+    uint32_t app_explore;        /* layers scored with a split (TR_KV_APP_EXPLORE) */
+    int8_t app_exploring;        /* this layer's split feeds the starved side: 1 host, 2 agent */
     double app_beta_first;       /* the split of the first layer scored with the agent */
     int32_t app_host_lo;         /* this step's split: the host scores written positions >= it */
     /* --kv-spec. The queries given for a layer of each parity (layer -1: none; the forward pass
@@ -242,6 +246,7 @@ struct tr_kv {
     /* stats */
     uint64_t bytes_read, score_ns, attn_ns, io_ns, steps, read_ops;
     uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
+    uint64_t sel_follow, sel_repeat; /* see tr_kv_stats */
     uint64_t pool_reads; /* reads done by the I/O workers (fault injection counts them) */
     /* test hooks: the n-th page write fails with fault_errno (0 = off) */
     uint64_t fault_write_at, n_writes;
@@ -295,8 +300,21 @@ tr_status tr_kv_csd_rows_wait_part(tr_kv *kv, int which, int part, tr_error *err
 tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err);
 
 /* ---- APP (csd_host.c) ---- */
-/* the running averages of the measured rates: the first sample, then 0.9 old + 0.1 new */
+/* tokens: smaller parts do not update the measured scoring rates (per-call costs dominate them) */
+#define TR_KV_APP_MIN_PART 1024
+/* layers scored: a side whose part is kept below TR_KV_APP_MIN_PART gets that many tokens once
+ * in this many, so that its rate is measured again, and that measurement weighs half (else the
+ * split that starved it would keep the rate it had then for good: seen at 8K and 32K, beta stuck
+ * at 9-36 from the start-up probe on) */
+#define TR_KV_APP_EXPLORE 16
+/* the running averages of the measured rates: the first sample, then 0.9 old + 0.1 new, a sample
+ * taken as at most twice and at least half the average, so that one step slowed by something
+ * else (a burst of reads on the same cores) moves the average by at most a tenth */
 static inline void tr_kv_app_avg(double *avg, double sample) {
+    if (*avg > 0) {
+        if (sample > 2.0 * *avg) sample = 2.0 * *avg;
+        if (sample < 0.5 * *avg) sample = 0.5 * *avg;
+    }
     *avg = *avg > 0 ? 0.9 * *avg + 0.1 * sample : sample;
 }
 /* the rates given by the caller (tr_kv_params.app_*) are set at create and never measured */

@@ -595,6 +595,20 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
         if (kv->csd || p->beta >= 0.0f) {
             const double beta = kv->csd ? tr_kv_app_beta(kv) : (double)p->beta;
             int32_t n_c = (int32_t)lround((double)n_a * beta / (1.0 + beta));
+            /* APP keeps measuring both sides: a starved side gets a part big enough to be
+             * measured once in TR_KV_APP_EXPLORE layers */
+            const int32_t n_b = n_all - n_a, mp = TR_KV_APP_MIN_PART;
+            kv->app_exploring = 0;
+            if (kv->csd && p->beta < 0.0f && n_a >= 2 * mp &&
+                ++kv->app_explore % TR_KV_APP_EXPLORE == 0) {
+                if (n_a - n_c < mp) {
+                    n_c = n_a - mp;
+                    kv->app_exploring = 2;
+                } else if (n_c + n_b < mp) {
+                    n_c = mp - n_b;
+                    kv->app_exploring = 1;
+                }
+            }
             if (kv->hk_wrap) {
                 const int32_t hlo = tr_kv_hk_lo(kv, L);
                 n_c = tr_kv_hk_held(kv, L, cand, n_a, n_c);
@@ -673,10 +687,21 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
                        tr_kv_policy_name(p->policy));
     }
     int32_t n = 0;
+    /* sel_repeat: every visible token's flag says whether this selection chose it; a row that
+     * follows the last one (the next position) sees every token that row saw */
+    const bool follows = L->sel_rows > 0 && pos == L->sel_last_pos + 1;
+    L->sel_rows++;
+    L->sel_last_pos = pos;
     for (int32_t t = lo; t <= pos; t++) {
         const bool forced = t < sink_hi || t >= win_lo || t == own;
         if (t != own && L->tok[t].where == TR_KV_TOK_EVICTED) continue;
-        if (all || forced || mark[t]) {
+        const bool pick = all || forced || mark[t];
+        if (follows && pick && !forced) {
+            kv->sel_follow++;
+            kv->sel_repeat += L->tok[t].chosen;
+        }
+        L->tok[t].chosen = pick && !forced;
+        if (pick) {
             sel[n++] = t;
             mark[t] = 0;
             if (forced) continue;

@@ -93,6 +93,7 @@ void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
     out->migrated_bytes = st.migrated_bytes;
     out->sel_hot = st.sel_hot;
     out->sel_cold = st.sel_cold;
+    out->sel_repeat = st.sel_follow ? (double)st.sel_repeat / (double)st.sel_follow : 0.0;
     out->csd_score_bytes = st.csd_score_bytes;
     out->csd_row_bytes = st.csd_row_bytes;
     out->csd_storage_bytes = st.csd_storage_bytes;
