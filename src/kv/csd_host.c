@@ -30,6 +30,14 @@ extern char **environ;
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+/* a scoring rate's sample: a part given to a starved side (TR_KV_APP_EXPLORE) weighs half */
+static void app_sample(double *avg, double sample, bool explored) {
+    if (explored)
+        *avg = 0.5 * *avg + 0.5 * sample;
+    else
+        tr_kv_app_avg(avg, sample);
+}
+
 uint64_t tr_kv_csd_region_bytes(const tr_kv_shape *s, uint64_t ws_cap, uint64_t q8row,
                                 uint64_t rec) {
     uint64_t o = align_up(sizeof(tr_csd_ctl), 64);
@@ -495,18 +503,10 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     const double tc = (double)host_ns / (double)(n - n_a);
     const double ts = (double)(atomic_load(&c->score_ns) - agent0) / (double)n_a;
     const tr_kv_params *p = &kv->params;
-    if (!(p->app_f_c > 0) && (n - n_a >= TR_KV_APP_MIN_PART || kv->app_tc <= 0)) {
-        if (kv->app_exploring == 1)
-            kv->app_tc = 0.5 * kv->app_tc + 0.5 * tc;
-        else
-            tr_kv_app_avg(&kv->app_tc, tc);
-    }
-    if (!(p->app_f_s > 0) && (n_a >= TR_KV_APP_MIN_PART || kv->app_ts <= 0)) {
-        if (kv->app_exploring == 2)
-            kv->app_ts = 0.5 * kv->app_ts + 0.5 * ts;
-        else
-            tr_kv_app_avg(&kv->app_ts, ts);
-    }
+    if (!(p->app_f_c > 0) && (n - n_a >= TR_KV_APP_MIN_PART || kv->app_tc <= 0))
+        app_sample(&kv->app_tc, tc, kv->app_exploring == 1);
+    if (!(p->app_f_s > 0) && (n_a >= TR_KV_APP_MIN_PART || kv->app_ts <= 0))
+        app_sample(&kv->app_ts, ts, kv->app_exploring == 2);
     kv->app_exploring = 0;
     return TR_OK;
 }

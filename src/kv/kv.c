@@ -495,6 +495,7 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
         L->moved = moved ? moved + l * n_ctx : NULL;
         L->step = 1;
         L->att_hi = -1;
+        L->sel_last_pos = -2; /* no row yet: none follows it */
         L->csd_inval = INT32_MAX;
         L->fd = -1;
         L->n_free = (int32_t)slots;

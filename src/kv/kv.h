@@ -216,7 +216,7 @@ typedef struct tr_kv_stats {
     uint64_t sel_hot, sel_cold;     /* selected (non-forced) tokens found hot / read cold */
     /* of the tokens selected by a row that follows the layer's last selecting row (the next
      * position), those that row selected too: how stable selection is from one step to the next,
-     * which is what BKP can use (real models at alpha 0.2 keep about 73%) */
+     * which is what BKP can use (real models at alpha 0.2 keep about 72%) */
     uint64_t sel_follow, sel_repeat;
     /* the storage agent, cumulative: bytes agent -> host as scores and as K/V rows, bytes it
      * read from storage, its busy time, its own memory */

@@ -81,8 +81,7 @@ typedef struct tr_kv_layer {
     uint32_t *moved;       /* BKP: [n_ctx] (step << 1 | 1 promoted / 0 demoted) of the last
                               move, 0 never moved */
     uint32_t step;         /* decode steps (selective rows) of this layer, from 1 */
-    uint32_t sel_rows;     /* selections made at this layer (sel_repeat) */
-    int32_t sel_last_pos;  /* the row of the last of them */
+    int32_t sel_last_pos;  /* the row of this layer's last selection (sel_repeat), -2 none */
     int32_t att_hi;        /* BKP: the highest position a row has attended from, -1 none */
     int32_t csd_inval;     /* the first page rewritten since the agent last scored this layer
                               (INT32_MAX: none) */

@@ -689,8 +689,7 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
     int32_t n = 0;
     /* sel_repeat: every visible token's flag says whether this selection chose it; a row that
      * follows the last one (the next position) sees every token that row saw */
-    const bool follows = L->sel_rows > 0 && pos == L->sel_last_pos + 1;
-    L->sel_rows++;
+    const bool follows = pos == L->sel_last_pos + 1;
     L->sel_last_pos = pos;
     for (int32_t t = lo; t <= pos; t++) {
         const bool forced = t < sink_hi || t >= win_lo || t == own;
