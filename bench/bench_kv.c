@@ -472,7 +472,7 @@ int main(int argc, char **argv) {
                .out = out};
     for (int gi = 0; gi < n_gaps; gi++) {
         for (int i = 0; i < batch; i++)
-            if (gaps[gi] >= 0) kv[i]->read_gap = gaps[gi];
+            if (gaps[gi] >= 0) *(csd ? &kv[i]->csd_gap : &kv[i]->read_gap) = gaps[gi];
         for (int i = 0; i < batch && pipe > 0; i++) kv[i]->pipe = pipe;
         for (int i = 0; i < batch; i++) kv[i]->pull_keys = pull_keys;
         for (int i = 0; i < batch; i++) kv[i]->tail_every = tail_every;
@@ -496,13 +496,14 @@ int main(int argc, char **argv) {
                "\"beta_set\": %g, \"beta\": %.4f, \"beta_split\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
                "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f, \"spec\": %g, "
                "\"spec_rows\": %.1f, \"spec_early\": %.1f, \"spec_cos\": %.4f, \"host_keys\": %d, "
-               "\"sel_repeat\": %.4f}\n",
+               "\"sel_repeat\": %.4f, \"bkp_v\": %d}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
                kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
                r.mean_ms, r.min_ms, r.bytes_read, r.dev_read, r.read_ops, r.selected, r.score_ms,
                r.attn_ms, r.io_ms, (unsigned long long)fin.hot_bytes * batch,
-               (unsigned long long)fin.cold_bytes * batch, kv[0]->read_gap, kv[0]->pipe,
+               (unsigned long long)fin.cold_bytes * batch,
+               csd ? kv[0]->csd_gap : kv[0]->read_gap, kv[0]->pipe,
                pull_keys ? "true" : "false", tail,
                (double)p.tail_min, fin.tail_cand ? (double)fin.tail_kept / (double)fin.tail_cand : 0.0,
                p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
@@ -513,7 +514,11 @@ int main(int argc, char **argv) {
                r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
                (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.beta_split, fin.f_c, fin.f_s, fin.b_c,
                fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos, host_keys,
-               r.sel_follow > 0 ? r.sel_repeat / r.sel_follow : 0.0);
+               r.sel_follow > 0 ? r.sel_repeat / r.sel_follow : 0.0,
+               /* BKP's hit counters: 2 since 2026-11-30's tenth session (TR_KV_HIT per
+                * selection, an eighth off every step), 1 before (one per selection, halved every
+                * 32 steps) */
+               TR_KV_HIT > 1 ? 2 : 1);
         fflush(stdout);
     }
     for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);

@@ -430,15 +430,23 @@ if qr:
              "BKP can use. Same fill, same shapes and same cgroups as above; BKP rows and their "
              "BKP off counterparts over the same steps; \"vs offload\" and \"vs tiered\" against "
              "the rows of the same pass.\n")
-    L.append("| run | ctx | batch | steps | step ms (min) | GiB read | reads | vs offload | vs tiered (host) | agent->host MiB: scores + rows | bound MiB | hot hit % | repeat % | ping-pong / step | promotions / step | migrated MiB / step | load |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append("BKP: which hit counters (1: one per selection, halved every 32 steps, promotion at 3 "
+             "hits and a margin of 2, 16 steps of residence: the ninth session's pass; 2: an eighth "
+             "taken off every step, 2 recent hits, margin 1, 4 steps: the tenth's). Gap: runs up to "
+             "that many records apart read as one (the agent: in its own memory, since the tenth "
+             "session; before, it read every run on its own). \"GiB read\" is what crossed to the "
+             "host; \"reads\" the storage reads.\n")
+    L.append("| run | ctx | batch | steps | BKP | gap | step ms (min) | GiB read | reads | vs offload | vs tiered (host) | agent->host MiB: scores + rows | bound MiB | hot hit % | repeat % | ping-pong / step | promotions / step | migrated MiB / step | load |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d in qr:
         lab, ctx, bt = d.get("label", d["policy"]), d["ctx"], d["batch"]
         o = before_row[id(d)].get(("offload", ctx, bt))
         t = before_row[id(d)].get(("tiered", ctx, bt))
         o = o if o and o.get("q_rho") else None
         t = t if t and t.get("q_rho") else None
-        L.append(f"| {lab} | {ctx} | {bt} | {d['steps']} | {d['step_ms']:.0f} ({d['step_ms_min']:.0f}) | "
+        bv = d.get("bkp_v", 1) if d.get("bkp", "off") != "off" else "–"
+        L.append(f"| {lab} | {ctx} | {bt} | {d['steps']} | {bv} | {d.get('read_gap', 0)} | "
+                 f"{d['step_ms']:.0f} ({d['step_ms_min']:.0f}) | "
                  f"{g(d['bytes_read']):.2f} | {d['read_ops']:.0f} | ")
         L[-1] += (f"{(o['step_ms'] / d['step_ms']):.2f}x | " if o and o is not d else "– | ")
         L[-1] += (f"{(t['step_ms'] / d['step_ms']):.2f}x | " if t and t is not d else "– | ")

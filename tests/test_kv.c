@@ -1769,7 +1769,9 @@ static void test_tail(void) {
  * them), and the agent killed mid-run (the next step fails within a second). */
 static void test_csd(void) {
     const shp s = {"GQA", 2, 480, 8, 2, 64, 64};
-    enum { N0 = 200, NK = 4 };
+    /* 0/1 host/agent, pipelined reads, BKP off; 2/3 host/agent, chunked, BKP on; 4 as 1 with
+     * the agent joining every run of a page (and across key copies) into one read */
+    enum { N0 = 200, NK = 5 };
     data d;
     data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 91, false);
     const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
@@ -1777,23 +1779,26 @@ static void test_csd(void) {
     tr_kv *kv[NK] = {0};
     tr_kv_params p[NK];
     for (int i = 0; i < NK; i++) {
-        p[i] = cold_params(&s, i % 2 == 1);
-        p[i].bkp = i < 2 ? TR_KV_BKP_OFF : TR_KV_BKP_ON;
+        p[i] = cold_params(&s, i % 2 == 1 || i == 4);
+        const bool first = i < 2 || i == 4;
+        p[i].bkp = first ? TR_KV_BKP_OFF : TR_KV_BKP_ON;
         /* the same split of the tokens on storage between host and agent on both sides (APP
          * chooses it from measured rates, which differ between runs) */
-        p[i].beta = i < 2 ? 0.5f : 0.0f;
-        if (i >= 2) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
+        p[i].beta = first ? 0.5f : 0.0f;
+        if (!first) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
         kv[i] = mk(&s, &p[i]);
         if (kv[i]) kv[i]->read_gap = 0; /* as the agent reads: the same gathered lists */
+        if (kv[i]) kv[i]->csd_gap = i == 4 ? TR_KV_PAGE : i == 1 ? 0 : kv[i]->csd_gap;
         /* runs 0/1 read every selection as TR_KV_PIPE chunks attended as they arrive (the
          * agent: one row request, attended in the same chunks) */
-        if (kv[i] && i < 2) kv[i]->pipe_min = 1;
+        if (kv[i] && first) kv[i]->pipe_min = 1;
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
     }
     {
         float *q = malloc(sizeof(float) * qn), *o[NK];
         for (int i = 0; i < NK; i++) o[i] = malloc(sizeof(float) * on);
         int32_t *sel0 = malloc(sizeof(int32_t) * (size_t)s.nctx);
+        int32_t *sel2 = malloc(sizeof(int32_t) * (size_t)s.nctx);
         const float scale = 1.0f / sqrtf((float)s.hdk);
         tr_error err = {0};
         int differ = 0, seldiff = 0, failed = 0;
@@ -1808,13 +1813,16 @@ static void test_csd(void) {
                         failed = 1;
                         break;
                     }
-                    if (i % 2 == 0) memcpy(sel0, kv[i]->sel, sizeof(int32_t) * (size_t)s.nctx);
+                    int32_t *ref = i < 2 || i == 4 ? sel0 : sel2;
+                    const size_t nb = sizeof(int32_t) * (size_t)(pos + 1);
+                    if (i == 0 || i == 2) memcpy(ref, kv[i]->sel, nb);
                     else
-                        seldiff += memcmp(sel0, kv[i]->sel, sizeof(int32_t) * (size_t)(pos + 1)) != 0;
+                        seldiff += memcmp(ref, kv[i]->sel, nb) != 0;
                 }
                 if (failed) break;
                 differ += memcmp(o[0], o[1], on * sizeof(float)) != 0;
                 differ += memcmp(o[2], o[3], on * sizeof(float)) != 0;
+                differ += memcmp(o[0], o[4], on * sizeof(float)) != 0;
             }
         TU_CHECK(!failed && differ == 0 && seldiff == 0,
                  "agent vs host scoring: %d outputs and %d selections differ", differ, seldiff);
@@ -1830,6 +1838,21 @@ static void test_csd(void) {
             TU_CHECK(st[i].bytes_read == st[i - 1].bytes_read, "rows: agent %llu, host %llu",
                      (unsigned long long)st[i].bytes_read, (unsigned long long)st[i - 1].bytes_read);
         }
+        /* joined reads: fewer of them, more bytes from storage, the same bytes to the host */
+        TU_CHECK(st[4].csd_row_bytes == st[1].csd_row_bytes &&
+                     st[4].read_ops * 2 < st[1].read_ops &&
+                     st[4].csd_storage_bytes > st[1].csd_storage_bytes,
+                 "agent's joined reads: %llu reads of %llu bytes for %llu row bytes, against "
+                 "%llu reads of %llu bytes for %llu",
+                 (unsigned long long)st[4].read_ops, (unsigned long long)st[4].csd_storage_bytes,
+                 (unsigned long long)st[4].csd_row_bytes, (unsigned long long)st[1].read_ops,
+                 (unsigned long long)st[1].csd_storage_bytes,
+                 (unsigned long long)st[1].csd_row_bytes);
+        printf("storage agent joining runs up to a page apart: %llu reads (%llu run by run), "
+               "%.1f KiB from storage (%.1f), the same %.1f KiB of rows to the host\n",
+               (unsigned long long)st[4].read_ops, (unsigned long long)st[1].read_ops,
+               (double)st[4].csd_storage_bytes / 1024, (double)st[1].csd_storage_bytes / 1024,
+               (double)st[4].csd_row_bytes / 1024);
         printf("storage agent: %d steps, selections and outputs identical to host scoring "
                "(pipelined reads at beta 0.5, chunked + BKP at beta 0); agent -> host: scores "
                "%.1f KiB, rows %.1f KiB; agent read %.1f KiB from storage, its memory %.1f KiB\n",
@@ -1951,6 +1974,7 @@ static void test_csd(void) {
         free(q);
         for (int i = 0; i < NK; i++) free(o[i]);
         free(sel0);
+        free(sel2);
     }
 out:
     for (int i = 0; i < NK; i++) tr_kv_free(kv[i]);

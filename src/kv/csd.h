@@ -17,10 +17,11 @@
  *           agent streams one (position, score) entry per token, chunk by chunk, publishing
  *           how many are ready after each chunk; the host merges them as they arrive.
  *   ROWS    host -> agent: runs of selected positions with their record hashes, in up to
- *           TR_CSD_PARTS parts (slot ranges); the agent reads them into its own staging area,
- *           verifies them and copies them into the working-set slots, and publishes the parts
- *           in order as each is complete (rows_parts), so the host attends over a part while the
- *           later ones are still read.
+ *           TR_CSD_PARTS parts (slot ranges); the agent reads them into its own staging area
+ *           (runs of a part a few records apart as one read, the records between them read but
+ *           never sent), verifies them and copies them into the working-set slots, and
+ *           publishes the parts in order as each is complete (rows_parts), so the host attends
+ *           over a part while the later ones are still read.
  * The host and the agent compute the scores with the same functions on the same bytes, so the
  * agent selects exactly what host scoring selects (test_kv checks it).
  *
@@ -55,13 +56,15 @@
 #include <sys/socket.h>
 
 #define TR_CSD_MAGIC   0x31445343564b5254ull /* "TRKVCSD1" */
-#define TR_CSD_VERSION 7
+#define TR_CSD_VERSION 8
 #define TR_CSD_AREAS   2 /* row requests in flight: the two halves of a chunked working set (a
                            * pipelined selection goes to the agent as one request) */
 #define TR_CSD_RING    8
 #define TR_CSD_PARTS   4 /* a row request's parts, published as each is in (the host attends
                           * over a part while the later ones are still read) */
 #define TR_CSD_MSG     1024
+#define TR_CSD_JOIN_MAX (512u << 10) /* the longest joined read (256 KiB and up run at the disk's
+                                      * best rate, bench/results/kv.md) */
 /* the descriptors the agent finds: the shared region, then one segment file per layer */
 #define TR_CSD_FD_SHM   3
 #define TR_CSD_FD_LAYER 4
@@ -97,6 +100,8 @@ typedef struct tr_csd_req {
     int32_t n_parts;                 /* ROWS: 1 .. TR_CSD_PARTS */
     int32_t part_end[TR_CSD_PARTS];  /* ROWS: part p holds the runs whose slot is below
                                         part_end[p] (and not below part_end[p - 1]) */
+    int32_t read_gap;                /* ROWS: runs of a part at most this many records' bytes
+                                        apart are read as one (0: each run on its own) */
     float scale;    /* SCORE */
     int32_t inval_from; /* SCORE: pages of the layer from this one on were rewritten (a truncate
                            or a restore): the agent's copies of them are stale; -1 none */
@@ -136,6 +141,8 @@ typedef struct tr_csd_ctl {
                                           to it is complete (the ring's free slots) */
     _Atomic int64_t produced;          /* FINISH: entries ready */
     _Atomic int32_t rows_parts[TR_CSD_AREAS]; /* ROWS: parts complete (reset by the host) */
+    _Atomic int32_t rows_reads[TR_CSD_AREAS]; /* ROWS: the storage reads of the area's last
+                                                 request (runs joined across gaps count one) */
     _Atomic int32_t ready;             /* the agent is up */
     _Atomic int32_t agent_pid;         /* the process serving this region */
     /* counters, written by the agent */

@@ -627,7 +627,11 @@ void tr_kv_csd_rows_start(tr_kv *kv, int which, int32_t layer, const int32_t *se
     tr_csd_run *runs = (tr_csd_run *)((uint8_t *)c + c->off_runs[which]);
     uint64_t *hashes = (uint64_t *)((uint8_t *)c + c->off_hashes[which]);
     if (!bnd || np < 1 || np > TR_CSD_PARTS) np = 1;
-    tr_csd_req r = {.op = TR_CSD_OP_ROWS, .layer = layer, .which = which, .n_parts = np};
+    tr_csd_req r = {.op = TR_CSD_OP_ROWS,
+                    .layer = layer,
+                    .which = which,
+                    .n_parts = np,
+                    .read_gap = kv->csd_gap};
     int32_t nr = 0, nh = 0;
     for (int p = 0; p < np; p++) { /* a run never crosses a part's end */
         const int32_t i0 = np > 1 ? bnd[p] : 0, i1 = np > 1 ? bnd[p + 1] : n;
@@ -686,7 +690,7 @@ tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err) {
     kv->io_ns += tr_io_now_ns() - t0;
     if (!st) {
         kv->bytes_read += G->bytes;
-        kv->read_ops += (uint64_t)G->n_jobs;
+        kv->read_ops += (uint64_t)atomic_load(&kv->csd_ctl->rows_reads[which]);
         tr_kv_app_note_rows(kv, 0, 0, G->bytes, atomic_load(&kv->csd_ctl->rows_ns) - G->csd_rows_ns0);
     }
     G->n_jobs = 0;

@@ -27,6 +27,8 @@
  * unselected token cut the reads per step by a fifth for a sixth more bytes (bench/results/kv.md)
  */
 #define KV_READ_GAP      1
+/* the agent's (tr_kv.csd_gap), where the records between the runs cost storage reads only */
+#define KV_CSD_READ_GAP 1
 #define KV_TRAILER_BYTES 168 /* sizeof(page_trailer), kv_internal.h */
 
 tr_kv_params tr_kv_default_params(void) {
@@ -417,7 +419,10 @@ tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_
     kv->eq_mode = TR_KV_EQ_ABSMAX;
     /* the agent serves scattered reads on its own I/O threads, and joined reads would carry
      * unselected rows across the link */
+    /* with the agent, joined reads would send the records between the runs over the link:
+     * it joins them in its own memory instead */
     kv->read_gap = params->csd ? 0 : KV_READ_GAP;
+    kv->csd_gap = KV_CSD_READ_GAP;
     kv->pipe = TR_KV_PIPE;
     tr_kv_app_init(kv);
     kv->pipe_min = KV_PIPE_MIN;

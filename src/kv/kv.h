@@ -57,7 +57,7 @@ typedef enum {
  *   NAIVE  bidirectional without hysteresis: every cold token the selection reads is promoted
  *          (its record is in the working set already), displacing the hot token with the fewest
  *          hits — the baseline that shows ping-pong
- *   ON     BKP: a u16 hit counter per token (selected = hit, halved every KV_BKP_DECAY steps);
+ *   ON     BKP: a u16 hit counter per token (selected = hit, an eighth taken off every step);
  *          a cold token is promoted when its hits reach a threshold and exceed the weakest hot
  *          token's by a margin, and a token stays at least a minimum number of steps where it
  *          was moved to, so it does not move back and forth

@@ -34,12 +34,17 @@
 /* where a token's K/V live */
 enum { TR_KV_TOK_NONE = 0, TR_KV_TOK_HOT, TR_KV_TOK_COLD, TR_KV_TOK_EVICTED };
 
-/* Per (layer, position). `hits` counts how often a selective policy chose the token: the
- * bidirectional pools (next issue) promote cold tokens with many hits and demote hot ones with
- * few; `slot` and `where` already let a token live in any hot slot. */
+/* A selection of the token adds TR_KV_HIT to its `hits`; with BKP on, every decode step takes
+ * an eighth of them away again (kv_bkp.c), so hits / TR_KV_HIT reads as "selected in about that
+ * many of the last ~8 steps" and saturates near 8 (128). */
+#define TR_KV_HIT 16
+
+/* Per (layer, position). `hits` counts how often a selective policy chose the token, recently:
+ * the bidirectional pools promote cold tokens with many hits and demote hot ones with few;
+ * `slot` and `where` let a token live in any hot slot. */
 typedef struct tr_kv_tok {
     uint32_t slot; /* hot slot when where == HOT */
-    uint16_t hits; /* times selected, saturating */
+    uint16_t hits; /* TR_KV_HIT per selection, decayed, saturating */
     uint8_t where; /* TR_KV_TOK_* */
     uint8_t chosen; /* the layer's last selection chose it (not forced): sel_repeat */
 } tr_kv_tok;
@@ -162,6 +167,8 @@ struct tr_kv {
     int32_t pipe_min; /* ... when at least this many tokens are attended */
     int32_t read_gap; /* selective policies: up to this many unselected cold tokens between two
                          selected ones of a page are read too, joining two reads into one */
+    int32_t csd_gap;  /* the storage agent's own: it reads runs up to this many records' bytes
+                         apart as one, into its memory, and sends only the selected records */
     /* segment file geometry */
     uint64_t data_off; /* first page */
     size_t page_bytes, page_qoff, page_toff;

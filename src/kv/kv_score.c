@@ -705,7 +705,7 @@ tr_status tr_kv_select_row(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t pos,
             mark[t] = 0;
             if (forced) continue;
             /* a hit is a choice of the selection: the sinks and the window are attended anyway */
-            if (L->tok[t].hits < UINT16_MAX) L->tok[t].hits++;
+            if (L->tok[t].hits <= UINT16_MAX - TR_KV_HIT) L->tok[t].hits += TR_KV_HIT;
             if (L->tok[t].where == TR_KV_TOK_HOT)
                 kv->sel_hot++;
             else
