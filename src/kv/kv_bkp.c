@@ -18,8 +18,8 @@
  * every 32 steps with 3 / 2 / 16 (the first choice, made on queries drawn anew each step) held
  * 13.5 % of the selection hot at 8K and 11 % at 32K; decaying by an eighth every step with 2 / 1
  * / 4 holds 20 % and 21 %, at 12x fewer ping-pong moves than NAIVE (which holds 21 % and 24 %).
- * Decay by a quarter and a margin of half a hit: 20 % and 22 %, ping-pong only 8x and 9x below
- * NAIVE's.
+ * Decay by a quarter, 1 hit and a margin of half a hit: 20 % and 22 %, ping-pong only 8x and 9x
+ * below NAIVE's.
  * The counters follow the selection as it drifts; halving every 32 steps left tokens chosen 20
  * steps ago ahead of the ones chosen now. Tried and left out: promoting tokens read on their own
  * before the ends of runs, and never one inside a run (which splits the run into two reads): at
