@@ -53,10 +53,11 @@ struct rows_area {
     struct jobset io;
     const uint64_t *hashes;
     /* the request's runs, copied out of the shared region once checked (a read's completion
-     * addresses memory by them), each with its part; and per read the runs it covers */
+     * addresses memory by them), each with its part; and per read its first run (read j covers
+     * runs job_run0[j] .. job_run0[j + 1] - 1; one entry past the last read) */
     tr_csd_run *runs;
     uint8_t *run_part;
-    int32_t *job_run0, *job_nrun;
+    int32_t *job_run0;
     /* joined reads land here: runs a few records apart are read as one span, gap included,
      * and only the runs cross to the working set */
     uint8_t *bounce;
@@ -158,10 +159,12 @@ static void io_done(void *ctx, tr_io_job *j) {
     char msg[TR_CSD_MSG] = "";
     const int32_t layer = (int32_t)(j->owner >> 24), P = c->page_tokens;
     atomic_fetch_add(&g->c->bytes_storage, j->got);
+    struct rows_area *ar = j->sub == UINT32_MAX ? NULL : area_of(g, j); /* NULL: a key copy */
+    const size_t ji = ar ? (size_t)(j - ar->io.jobs) : 0;
     if (j->err || j->got < j->need) {
         snprintf(msg, sizeof msg, "reading layer %d at byte %llu failed: %s", layer,
                  (unsigned long long)j->offset, j->err ? strerror(j->err) : "short read");
-    } else if (j->sub == UINT32_MAX) { /* a page's key copy and trailer */
+    } else if (!ar) { /* a page's key copy and trailer */
         const int32_t page = (int32_t)(j->owner & 0xffffff);
         if (!tr_kv_key_copy_ok(j->dst, c->page_toff - c->page_qoff, layer, page)) {
             snprintf(msg, sizeof msg,
@@ -178,10 +181,7 @@ static void io_done(void *ctx, tr_io_job *j) {
             g->loaded[(size_t)layer * (size_t)g->n_pages + (size_t)page] = 1;
         }
     } else { /* runs of records: the job's index in its area says which */
-        const struct rows_area *ar = area_of(g, j);
-        const size_t ji = (size_t)(j - ar->io.jobs);
-        for (int32_t q = ar->job_run0[ji]; q < ar->job_run0[ji] + ar->job_nrun[ji] && !msg[0];
-             q++) {
+        for (int32_t q = ar->job_run0[ji]; q < ar->job_run0[ji + 1] && !msg[0]; q++) {
             const tr_csd_run *u = &ar->runs[q];
             const uint8_t *src = (const uint8_t *)j->dst + (run_offset(c, u->pos) - j->offset);
             for (int32_t k = 0; k < u->n && !msg[0]; k++)
@@ -198,9 +198,7 @@ static void io_done(void *ctx, tr_io_job *j) {
                        (size_t)u->n * c->rec);
         }
     }
-    int part = -1; /* a read's part: its runs' */
-    struct rows_area *ar = j->sub == UINT32_MAX ? NULL : area_of(g, j);
-    if (ar) part = ar->run_part[ar->job_run0[j - ar->io.jobs]];
+    const int part = ar ? ar->run_part[ar->job_run0[ji]] : -1; /* a read's part: its runs' */
     struct jobset *js = ar ? &ar->io : &g->keys_io;
     pthread_mutex_lock(&g->mu);
     if (msg[0] && !js->failed) {
@@ -424,9 +422,7 @@ static int do_rows(struct rows_area *ar, tr_csd_req *r) {
                                       .need = end - off,
                                       .dst = dst,
                                       .owner = ((uint32_t)r->layer << 24) | (uint32_t)u->pos};
-        ar->job_run0[nj] = i;
-        ar->job_nrun[nj] = k - i;
-        nj++;
+        ar->job_run0[nj++] = i;
         const int p = ar->run_part[i];
         ar->part_pending[p]++;
         part_sbytes[p] += end - off;
@@ -435,6 +431,7 @@ static int do_rows(struct rows_area *ar, tr_csd_req *r) {
             bytes += (uint64_t)ar->runs[q].n * c->rec;
         }
     }
+    ar->job_run0[nj] = r->n_runs;
     atomic_store(&c->rows_reads[r->which], nj);
     struct jobset *js = &ar->io;
     if (nj) submit_jobs(g, js, nj);
@@ -561,8 +558,7 @@ static int serve(pid_t host, int sock) {
         ar->io.jobs = calloc(n, sizeof(tr_io_job));
         ar->runs = calloc(n, sizeof(tr_csd_run));
         ar->run_part = calloc(n, 1);
-        ar->job_run0 = calloc(n, sizeof(int32_t));
-        ar->job_nrun = calloc(n, sizeof(int32_t));
+        ar->job_run0 = calloc(n + 1, sizeof(int32_t));
         /* as large as the staging area: a request's runs with their gaps (joins stop when it is
          * full) */
         ar->bounce_bytes = g.stage_bytes;
@@ -572,7 +568,7 @@ static int serve(pid_t host, int sock) {
         if (ar->bounce != MAP_FAILED) madvise(ar->bounce, ar->bounce_bytes, MADV_HUGEPAGE);
 #endif
         areas_ok = areas_ok && ar->io.jobs && ar->runs && ar->run_part && ar->job_run0 &&
-                   ar->job_nrun && ar->bounce != MAP_FAILED;
+                   ar->bounce != MAP_FAILED;
     }
     g.iota = malloc((size_t)c->n_ctx * sizeof *g.iota);
     for (int32_t t = 0; g.iota && t < c->n_ctx; t++) g.iota[t] = t;
@@ -664,7 +660,6 @@ static int serve(pid_t host, int sock) {
         free(ar->runs);
         free(ar->run_part);
         free(ar->job_run0);
-        free(ar->job_nrun);
         munmap(ar->bounce, ar->bounce_bytes);
     }
     free(g.iota);
