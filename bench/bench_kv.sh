@@ -31,12 +31,14 @@
 #   agent, and the agent with --kv-spec (Q_BKP_STEPS steps), then the BKP comparison (off / naive /
 #   on at BKP_CTX) with the agent, then batch 16 at B16_CTXS (offload, tiered, the agent with
 #   --kv-spec and BKP on)
+#   B16_ONLY=1 runs just the batch-16 rows (B16_CTXS, B16_HOST_KEYS) into build/bench/kv-b16.jsonl
+#   and leaves the report as it is
 #   Q_RHO (default 0.96): the queries' step-to-step correlation (bench_kv --q-rho), calibrated so
 #   that the selection repeats from one step to the next as on real models; 0: drawn anew each step
 #   (every run before 2026-11-30's ninth session)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=build/bench/bench_kv
+BIN=${KV_BIN:-build/bench/bench_kv} # KV_BIN: a copy, so that a rebuild cannot touch a long run
 COLD=${KV_COLD:-$PWD/build/bench/kv-cold}
 CTXS=${CTXS:-"8192 16384 32768"}
 BATCH8_CTXS=${BATCH8_CTXS:-"8192"}
@@ -46,6 +48,7 @@ THREADS=${THREADS:-$(nproc)}
 COLD_LIMIT_GB=${COLD_LIMIT_GB:-40}
 CG=/sys/fs/cgroup/memory/terrace-bench-kv
 JSONL=build/bench/kv-results.jsonl
+[ -n "${B16_ONLY:-}" ] && JSONL=build/bench/kv-b16.jsonl
 OUT=bench/results/kv.md
 
 mkdir -p "$COLD" build/bench bench/results
@@ -76,7 +79,7 @@ dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-
 echo "$dd_gbs" > build/bench/kv-dd.txt
 
 # AGENT_ONLY=1 adds to the last run's results (offload and tiered re-measured next to the agent)
-[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}${TAIL_ONLY:-}${BETA_ONLY:-}${TAIL_MIN_ONLY:-}${SPEC_ONLY:-}${QRHO_ONLY:-}" ] || : > "$JSONL"
+[ -n "${AGENT_ONLY:-}${SUPP_ONLY:-}${AGENT_ROWS_ONLY:-}${TAIL_ONLY:-}${BETA_ONLY:-}${TAIL_MIN_ONLY:-}${SPEC_ONLY:-}${QRHO_ONLY:-}${B16_ONLY:-}" ] || : > "$JSONL"
 run() { # label policy ctx batch [extra bench_kv flags...]
     local label=$1 pol=$2 ctx=$3 batch=$4
     shift 4
@@ -94,6 +97,14 @@ run() { # label policy ctx batch [extra bench_kv flags...]
         return 0
     fi
     cap=$((dram + (512 << 20)))
+    # a cap above the machine's memory would end in the OOM killer, not in a measurement
+    local mem_b
+    mem_b=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) << 10))
+    if [ "$cap" -gt $((mem_b - (1 << 30))) ]; then
+        echo "bench-kv: skip $label ctx $ctx batch $batch: $((cap >> 20)) MiB of DRAM planned, the machine has $((mem_b >> 20)) MiB" >&2
+        echo "{\"label\": \"$label\", \"policy\": \"$pol\", \"ctx\": $ctx, \"batch\": $batch, \"skipped\": \"$((cap >> 20)) MiB of DRAM planned\"}" >> "$JSONL"
+        return 0
+    fi
     echo "$cap" > "$CG/memory.limit_in_bytes"
     drop
     echo "bench-kv: $label ctx $ctx batch $batch (cap $((cap >> 20)) MiB, $((cold_need >> 30)) GiB on disk)" >&2
@@ -188,15 +199,30 @@ main_rows() { # ctx: offload, tiered, and tiered adding the unselected tokens' e
     run "tiered + tail 4" tiered "$1" 1 --tail 4
     run "tiered + tail 4, all summed" tiered "$1" 1 --tail 4 --tail-min 0
 }
-if [ -n "${QRHO_ONLY:-}" ]; then
-    for ctx in $CTXS; do qrho_rows "$ctx"; done
-    bkp_rows agent
+b16_rows() { # batch 16 at each of B16_CTXS: offload, tiered, the agent with --kv-spec and BKP on;
+    # B16_HOST_KEYS (--kv-host-keys, the host budget M_0) for the agent, whose key copies and the
+    # host's do not both fit in 24 GiB for 16 sequences of 8K
+    local hk=()
+    [ -n "${B16_HOST_KEYS:-}" ] && hk=(--host-keys "$B16_HOST_KEYS")
     for ctx in ${B16_CTXS:-4096}; do
         run offload offload "$ctx" 16
         run tiered tiered "$ctx" 16
-        run "tiered + agent + spec, BKP on" tiered "$ctx" 16 --csd --spec "$SPEC_RHO" --bkp on
+        run "tiered + agent + spec, BKP on${hk:+, host keys $B16_HOST_KEYS}" tiered "$ctx" 16 \
+            --csd --spec "$SPEC_RHO" --bkp on "${hk[@]}"
     done
+}
+if [ -n "${QRHO_ONLY:-}" ]; then
+    for ctx in $CTXS; do qrho_rows "$ctx"; done
+    bkp_rows agent
+    b16_rows
     rmdir "$CG" 2>/dev/null || true
+elif [ -n "${B16_ONLY:-}" ]; then
+    # just the batch-16 rows, kept in their own file: the report is not rewritten (its tables
+    # come from the last full pass's results, which this run does not have)
+    b16_rows
+    rmdir "$CG" 2>/dev/null || true
+    echo "bench-kv: batch-16 rows in $JSONL; $OUT not rewritten" >&2
+    exit 0
 elif [ -n "${SPEC_ONLY:-}" ]; then
     for ctx in $CTXS; do spec_rows "$ctx"; done
     rmdir "$CG" 2>/dev/null || true
