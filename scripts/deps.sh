@@ -15,7 +15,11 @@ command -v clang >/dev/null      || need_pkgs+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 \
     || need_pkgs+=(libclang-rt-14-dev)
 command -v aarch64-linux-gnu-gcc >/dev/null || need_pkgs+=(gcc-aarch64-linux-gnu)
+# the cross compiler's C library headers are only a recommendation of its package
+[ -e /usr/aarch64-linux-gnu/include/stdio.h ] || need_pkgs+=(libc6-dev-arm64-cross)
 python3 -c 'import venv' 2>/dev/null || need_pkgs+=(python3-venv)
+# the King James text of the real-model perplexity checks (tests/py/parity_real.py)
+command -v bible >/dev/null || need_pkgs+=(bible-kjv)
 
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "deps: installing Debian packages: ${need_pkgs[*]}"

@@ -1,7 +1,9 @@
 /*
- * Thread pool: every thread runs each task exactly once, results are visible to the caller after
- * tr_pool_run returns, dynamic chunk claiming covers every item exactly once, and the pool
- * survives idle periods (workers go to sleep and wake up again). Also run under TSan.
+ * Thread pool: every part (ith) of a task runs exactly once, results are visible to the caller
+ * after tr_pool_run returns, dynamic chunk claiming covers every item exactly once, and the pool
+ * survives idle periods (workers go to sleep and wake up again). With more threads than cores
+ * (8 on the 2-core test machine), back-to-back runs of different tasks: a worker that wakes late
+ * must not run a part of a later run with an earlier run's task or context. Also run under TSan.
  */
 #include <stdatomic.h>
 #include <time.h>
@@ -50,7 +52,9 @@ int main(void) {
     tr_error err;
     TU_CHECK(tr_cpu_physical_cores() >= 1, "physical cores");
     printf("  physical cores: %d\n", tr_cpu_physical_cores());
-    for (int nth = 1; nth <= 4; nth++) {
+    static const int sizes[] = {1, 2, 3, 4, 8};
+    for (int si = 0; si < 5; si++) {
+        const int nth = sizes[si];
         tr_pool *p = NULL;
         TU_CHECK(tr_pool_create(nth, &p, &err) == TR_OK, "%s", err.msg);
         TU_CHECK(tr_pool_size(p) == nth, "size %d", tr_pool_size(p));
@@ -81,6 +85,21 @@ int main(void) {
                         TU_CHECK(0, "dynamic item %lld hit %d times", (long long)i, hits[i]);
                         break;
                     }
+            }
+        }
+        /* two tasks alternating, each run with its own context */
+        for (int rep = 0; rep < 2000; rep++) {
+            unsigned char hits[100] = {0};
+            job a = {.n = 0}, b = {.n = 100, .hits = hits};
+            tr_pool_run(p, count_task, &a);
+            tr_pool_run(p, static_split_task, &b);
+            int64_t sum = 0;
+            for (int t = 0; t < nth; t++) sum += b.partial[t];
+            if (atomic_load(&a.calls) != nth || atomic_load(&a.mask) != (1 << nth) - 1 ||
+                sum != 4950) {
+                TU_CHECK(0, "alternating rep %d, %d threads: %d calls, mask %x, sum %lld", rep,
+                         nth, atomic_load(&a.calls), atomic_load(&a.mask), (long long)sum);
+                break;
             }
         }
         /* idle long enough for the workers to fall asleep, then use the pool again */

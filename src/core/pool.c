@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -20,53 +21,94 @@ static inline void cpu_relax(void) { __asm__ volatile("yield"); }
 static inline void cpu_relax(void) {}
 #endif
 
-/* ~100 µs of spinning before a worker sleeps: long enough to bridge the gap between the matmuls
- * of one token, short enough that an idle pool goes quiet almost at once. */
-#define SPIN_ITERS 20000
+/* Spinning before a thread sleeps, bounded by time rather than by a count of pause
+ * instructions (20,000 pauses, what this used to count, take 600 µs on the AMD EPYC of our test
+ * machine, where the count had been meant as ~100 µs): long enough to bridge the gap between the
+ * matmuls of one token, short enough that an idle pool, or one of several processes sharing the
+ * cores (a batch of sessions, each with its storage agent), goes quiet at once. */
+#define SPIN_NS    100000
+#define SPIN_CHECK 64 /* pauses between two looks at the clock */
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* true while a spin that began at *t0 (0: not yet) is within its time */
+static bool keep_spinning(int *spins, uint64_t *t0) {
+    cpu_relax();
+    if (++*spins % SPIN_CHECK) return true;
+    const uint64_t t = now_ns();
+    if (!*t0) *t0 = t;
+    return t - *t0 < SPIN_NS;
+}
 
 typedef struct worker {
     tr_pool *pool;
-    int ith;
     pthread_t thread;
 } worker;
 
+/* A run's n parts (ith = 0 .. n - 1) are claimed, not assigned: the caller and the workers take
+ * the next unclaimed part until none is left, and the caller waits only for parts that have
+ * begun. A worker that is asleep or not scheduled (more threads than cores) therefore never
+ * holds the caller up: the caller runs its part itself. Which thread runs a part changes
+ * nothing in the result (parts are independent; none uses thread identity). */
 struct tr_pool {
     int n;
-    worker *workers; /* n - 1 of them; the caller is thread 0 */
-    _Atomic unsigned gen;
-    _Atomic int pending;
-    _Atomic int sleeping;
+    worker *workers; /* n - 1 of them; the caller is the n-th thread */
+    /* (run << 32) | next part to claim: a worker that saw an older run cannot claim a part of
+     * this one, and reads fn / ctx only after a claim, when they belong to the run it claimed */
+    _Atomic uint64_t claim;
+    _Atomic int done;     /* parts finished in this run */
+    _Atomic int sleeping; /* workers waiting on cv */
+    _Atomic bool waiting; /* the caller is waiting on done_cv */
     _Atomic bool stop;
     tr_pool_fn fn;
     void *ctx;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;      /* a new run (or stop) */
+    pthread_cond_t done_cv; /* the run's last part finished */
 };
+
+/* claims and runs parts of the run `run` until none is left */
+static void run_parts(tr_pool *p, uint32_t run) {
+    for (;;) {
+        uint64_t c = atomic_load(&p->claim);
+        if ((uint32_t)(c >> 32) != run || (int)(uint32_t)c >= p->n) return;
+        if (!atomic_compare_exchange_weak(&p->claim, &c, c + 1)) continue;
+        p->fn(p->ctx, (int)(uint32_t)c, p->n);
+        /* seq_cst: pairs with the caller's store to waiting before its load of done */
+        if (atomic_fetch_add(&p->done, 1) + 1 == p->n && atomic_load(&p->waiting)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
 
 static void *worker_main(void *arg) {
     worker *w = arg;
     tr_pool *p = w->pool;
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        unsigned g;
+        uint32_t r;
         int spins = 0;
-        while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) {
-            if (++spins < SPIN_ITERS) {
-                cpu_relax();
-                continue;
-            }
+        uint64_t t0 = 0;
+        while ((r = (uint32_t)(atomic_load(&p->claim) >> 32)) == seen && !atomic_load(&p->stop)) {
+            if (keep_spinning(&spins, &t0)) continue;
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleeping, 1);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
+            while ((uint32_t)(atomic_load(&p->claim) >> 32) == seen && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->cv, &p->mu);
             atomic_fetch_sub(&p->sleeping, 1);
             pthread_mutex_unlock(&p->mu);
             spins = 0;
+            t0 = 0;
         }
         if (atomic_load(&p->stop)) break;
-        seen = g;
-        p->fn(p->ctx, w->ith, p->n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        seen = r;
+        run_parts(p, r);
     }
     return NULL;
 }
@@ -78,19 +120,26 @@ void tr_pool_run(tr_pool *p, tr_pool_fn fn, void *ctx) {
     }
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store(&p->pending, p->n - 1);
-    atomic_fetch_add(&p->gen, 1); /* publishes fn/ctx (seq_cst) */
+    atomic_store(&p->done, 0);
+    /* a new run with nothing claimed; publishes fn / ctx (seq_cst) */
+    const uint32_t run = (uint32_t)(atomic_load(&p->claim) >> 32) + 1;
+    atomic_store(&p->claim, (uint64_t)run << 32);
     if (atomic_load(&p->sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    fn(ctx, 0, p->n);
+    run_parts(p, run);
     int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
-        if (++spins < SPIN_ITERS) cpu_relax();
-        else sched_yield();
-    }
+    uint64_t t0 = 0;
+    while (atomic_load(&p->done) < p->n)
+        if (!keep_spinning(&spins, &t0)) {
+            pthread_mutex_lock(&p->mu);
+            atomic_store(&p->waiting, true);
+            while (atomic_load(&p->done) < p->n) pthread_cond_wait(&p->done_cv, &p->mu);
+            atomic_store(&p->waiting, false);
+            pthread_mutex_unlock(&p->mu);
+        }
 }
 
 tr_status tr_pool_create(int n_threads, tr_pool **out, tr_error *err) {
@@ -103,6 +152,7 @@ tr_status tr_pool_create(int n_threads, tr_pool **out, tr_error *err) {
     p->n = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
     if (n_threads > 1) {
         p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
         if (!p->workers) {
@@ -113,7 +163,6 @@ tr_status tr_pool_create(int n_threads, tr_pool **out, tr_error *err) {
     for (int i = 1; i < n_threads; i++) {
         worker *w = &p->workers[i - 1];
         w->pool = p;
-        w->ith = i;
         int rc = pthread_create(&w->thread, NULL, worker_main, w);
         if (rc != 0) {
             p->n = i; /* only the first i-1 workers exist; free joins those */
@@ -135,6 +184,7 @@ void tr_pool_free(tr_pool *p) {
     for (int i = 1; i < p->n; i++) pthread_join(p->workers[i - 1].thread, NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->done_cv);
     free(p->workers);
     free(p);
 }
