@@ -13,7 +13,8 @@
 
 #include "terrace.h"
 
-/* fn runs once on every thread: ith in [0, nth), the caller is ith 0 */
+/* fn runs once for every part ith in [0, nth), each on whichever thread claims it first (the
+ * caller among them): a part may not depend on the thread it runs on */
 typedef void (*tr_pool_fn)(void *ctx, int ith, int nth);
 
 void tr_pool_run(tr_pool *p, tr_pool_fn fn, void *ctx);
