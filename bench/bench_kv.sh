@@ -86,23 +86,22 @@ run() { # label policy ctx batch [extra bench_kv flags...]
     local args=(--cold "$COLD" --ctx "$ctx" --batch "$batch" --policy "$pol" --steps "$STEPS"
                 --threads "$THREADS" --alpha 0.2 --bits 4 --hot-frac 0.0625 --q-rho "${Q_RHO:-0.96}"
                 "$@")
-    local plan dram cold_need free_b cap
+    local plan dram cold_need free_b cap mem_b why=""
     plan=$($BIN "${args[@]}" --plan)
     dram=$(echo "$plan" | python3 -c 'import json,sys; print(json.load(sys.stdin)["dram_bytes"])')
     cold_need=$(echo "$plan" | python3 -c 'import json,sys; print(json.load(sys.stdin)["cold_bytes"])')
     free_b=$(df -B1 --output=avail "$COLD" | tail -1)
-    if [ "$cold_need" -gt $((COLD_LIMIT_GB << 30)) ] || [ "$cold_need" -gt $((free_b - (4 << 30))) ]; then
-        echo "bench-kv: skip $label ctx $ctx batch $batch: $((cold_need >> 30)) GiB of segment files" >&2
-        echo "{\"label\": \"$label\", \"policy\": \"$pol\", \"ctx\": $ctx, \"batch\": $batch, \"skipped\": \"$((cold_need >> 30)) GiB of segment files\"}" >> "$JSONL"
-        return 0
-    fi
     cap=$((dram + (512 << 20)))
-    # a cap above the machine's memory would end in the OOM killer, not in a measurement
-    local mem_b
     mem_b=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) << 10))
-    if [ "$cap" -gt $((mem_b - (1 << 30))) ]; then
-        echo "bench-kv: skip $label ctx $ctx batch $batch: $((cap >> 20)) MiB of DRAM planned, the machine has $((mem_b >> 20)) MiB" >&2
-        echo "{\"label\": \"$label\", \"policy\": \"$pol\", \"ctx\": $ctx, \"batch\": $batch, \"skipped\": \"$((cap >> 20)) MiB of DRAM planned\"}" >> "$JSONL"
+    if [ "$cold_need" -gt $((COLD_LIMIT_GB << 30)) ] || [ "$cold_need" -gt $((free_b - (4 << 30))) ]; then
+        why="$((cold_need >> 30)) GiB of segment files"
+    elif [ "$cap" -gt $((mem_b - (1 << 30))) ]; then
+        # a cap above the machine's memory would end in the OOM killer, not in a measurement
+        why="$((cap >> 20)) MiB of DRAM planned, the machine has $((mem_b >> 20)) MiB"
+    fi
+    if [ -n "$why" ]; then
+        echo "bench-kv: skip $label ctx $ctx batch $batch: $why" >&2
+        echo "{\"label\": \"$label\", \"policy\": \"$pol\", \"ctx\": $ctx, \"batch\": $batch, \"skipped\": \"$why\"}" >> "$JSONL"
         return 0
     fi
     echo "$cap" > "$CG/memory.limit_in_bytes"
