@@ -31,8 +31,9 @@
 #   agent, and the agent with --kv-spec (Q_BKP_STEPS steps), then the BKP comparison (off / naive /
 #   on at BKP_CTX) with the agent, then batch 16 at B16_CTXS (offload, tiered, the agent with
 #   --kv-spec and BKP on)
-#   B16_ONLY=1 runs just the batch-16 rows (B16_CTXS, B16_HOST_KEYS) into build/bench/kv-b16.jsonl
-#   and leaves the report as it is
+#   B16_ONLY=1 runs just the batch rows (B16_BATCHES, default 16; B16_CTXS; B16_HOST_KEYS; B16_FULL=1
+#   adds the keys-pulled host and the SmartSSD-like agent) into build/bench/kv-b16.jsonl and leaves
+#   the report as it is
 #   Q_RHO (default 0.96): the queries' step-to-step correlation (bench_kv --q-rho), calibrated so
 #   that the selection repeats from one step to the next as on real models; 0: drawn anew each step
 #   (every run before 2026-11-30's ninth session)
@@ -198,16 +199,28 @@ main_rows() { # ctx: offload, tiered, and tiered adding the unselected tokens' e
     run "tiered + tail 4" tiered "$1" 1 --tail 4
     run "tiered + tail 4, all summed" tiered "$1" 1 --tail 4 --tail-min 0
 }
-b16_rows() { # batch 16 at each of B16_CTXS: offload, tiered, the agent with --kv-spec and BKP on;
-    # B16_HOST_KEYS (--kv-host-keys, the host budget M_0) for the agent, whose key copies and the
-    # host's do not both fit in 24 GiB for 16 sequences of 8K
-    local hk=()
-    [ -n "${B16_HOST_KEYS:-}" ] && hk=(--host-keys "$B16_HOST_KEYS")
-    for ctx in ${B16_CTXS:-4096}; do
-        run offload offload "$ctx" 16
-        run tiered tiered "$ctx" 16
-        run "tiered + agent + spec, BKP on${hk:+, host keys $B16_HOST_KEYS}" tiered "$ctx" 16 \
-            --csd --spec "$SPEC_RHO" --bkp on "${hk[@]}"
+b16_rows() { # each batch of B16_BATCHES (default 16) at each of B16_CTXS: offload, tiered, the
+    # agent with --kv-spec and BKP on; B16_FULL=1 adds host scoring that pulls the key copies from
+    # storage (h2o-style) and the same agent throttled SmartSSD-like, so every baseline of the
+    # issue is in the same run. B16_HOST_KEYS (--kv-host-keys, the host budget M_0) for the agent
+    # at batch 16 and above, where its key copies and the host's do not both fit in 24 GiB at 8K
+    local hk ctx b
+    for b in ${B16_BATCHES:-16}; do
+        hk=()
+        [ -n "${B16_HOST_KEYS:-}" ] && [ "$b" -ge 16 ] && hk=(--host-keys "$B16_HOST_KEYS")
+        for ctx in ${B16_CTXS:-4096}; do
+            run offload offload "$ctx" "$b"
+            if [ -n "${B16_FULL:-}" ]; then
+                run "tiered, keys pulled from storage" tiered "$ctx" "$b" --pull-keys
+            fi
+            run tiered tiered "$ctx" "$b"
+            run "tiered + agent + spec, BKP on${hk:+, host keys $B16_HOST_KEYS}" tiered "$ctx" "$b" \
+                --csd --spec "$SPEC_RHO" --bkp on "${hk[@]}"
+            if [ -n "${B16_FULL:-}" ]; then
+                run "tiered + agent + spec, BKP on, SmartSSD-like${hk:+, host keys $B16_HOST_KEYS}" \
+                    tiered "$ctx" "$b" "${SSD[@]}" --spec "$SPEC_RHO" --bkp on "${hk[@]}"
+            fi
+        done
     done
 }
 if [ -n "${QRHO_ONLY:-}" ]; then
@@ -220,7 +233,7 @@ elif [ -n "${B16_ONLY:-}" ]; then
     # come from the last full pass's results, which this run does not have)
     b16_rows
     rmdir "$CG" 2>/dev/null || true
-    echo "bench-kv: batch-16 rows in $JSONL; $OUT not rewritten" >&2
+    echo "bench-kv: batch rows in $JSONL; $OUT not rewritten" >&2
     exit 0
 elif [ -n "${SPEC_ONLY:-}" ]; then
     for ctx in $CTXS; do spec_rows "$ctx"; done

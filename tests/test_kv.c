@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/pool.h"
 #include "kv/kv_internal.h"
 #include "tensor/fp16.h"
@@ -1951,7 +1952,7 @@ static void test_csd(void) {
                 }
             const pid_t pid = tr_kv_csd_pid(k);
             if (f == 2) kill(pid, SIGKILL);
-            const uint64_t t0 = tr_io_now_ns();
+            const uint64_t t0 = tr_now_ns();
             tr_status fst = TR_OK;
             for (int32_t pos = N0; pos < N0 + 40 && !fst; pos++)
                 for (int32_t l = 0; l < s.nl && !fst; l++) {
@@ -1961,7 +1962,7 @@ static void test_csd(void) {
                         fst = tr_kv_attend_rows(k, g_pool, l, 1, &pos, q, qn, scale, NULL, 0,
                                                 o[0], on, &err);
                 }
-            const double ms = (double)(tr_io_now_ns() - t0) / 1e6;
+            const double ms = (double)(tr_now_ns() - t0) / 1e6;
             const char *want = f == 0 ? "checksum mismatch in layer 1"
                                : f == 1 ? "checksum mismatch in the key copy of layer 1"
                                         : "killed by signal 9";
@@ -2269,14 +2270,14 @@ static void test_spec(void) {
                                        &err);
             const bool ahead = kv[2]->pre.layer == 1 && kv[2]->pre.started;
             kill(tr_kv_csd_pid(kv[2]), SIGKILL);
-            const uint64_t t0 = tr_io_now_ns();
+            const uint64_t t0 = tr_now_ns();
             for (int32_t l = 1; l < s.nl && !fs; l++) {
                 fs = tr_kv_append(kv[2], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
                 if (!fs)
                     fs = tr_kv_attend_rows(kv[2], g_pool, l, 1, &pos, q + l * qn, qn, scale, NULL,
                                            0, o[2], on, &err);
             }
-            const double ms = (double)(tr_io_now_ns() - t0) / 1e6;
+            const double ms = (double)(tr_now_ns() - t0) / 1e6;
             TU_CHECK(ahead && fs != TR_OK && strstr(err.msg, "killed by signal 9") && ms < 1000.0,
                      "spec: agent killed with rows requested ahead (%s): status %d after %.0f ms, "
                      "'%s'", ahead ? "they were" : "they were NOT", (int)fs, ms, err.msg);
@@ -2399,9 +2400,9 @@ static void test_csd_listen(void) {
                  (unsigned long long)st.csd_row_bytes);
         /* session 2's agent process dies: session 2 fails within a second, session 1 goes on */
         kill(a2, SIGKILL);
-        const uint64_t t0 = tr_io_now_ns();
+        const uint64_t t0 = tr_now_ns();
         const tr_status f2 = decode_step(kv[2], &d, &s, N0 + 60, q, o[2], &err);
-        const double ms = (double)(tr_io_now_ns() - t0) / 1e6;
+        const double ms = (double)(tr_now_ns() - t0) / 1e6;
         TU_CHECK(f2 != TR_OK && strstr(err.msg, "has gone") && ms < 1000.0,
                  "user-started agent killed: status %d after %.0f ms, '%s'", (int)f2, ms, err.msg);
         printf("user-started agent killed: %s (%.0f ms)\n", err.msg, ms);

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/pool.h"
 #include "experts/io.h"
@@ -118,7 +119,7 @@ static uint8_t *head_keys(const agent *g, int32_t layer, int32_t kh) {
 
 static void pace(uint64_t t0, double seconds) {
     if (seconds < 0) return;
-    const uint64_t want = t0 + (uint64_t)(seconds * 1e9), now = tr_io_now_ns();
+    const uint64_t want = t0 + (uint64_t)(seconds * 1e9), now = tr_now_ns();
     if (want <= now) return;
     const uint64_t d = want - now;
     struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
@@ -290,7 +291,7 @@ static int do_score(agent *g, tr_csd_req *r) {
     const int32_t a = r->a, b = r->b, n = b - a, P = c->page_tokens;
     if (r->layer < 0 || r->layer >= c->n_layer || a < 0 || b > c->n_ctx || n <= 0)
         return fail(r, TR_E_ARG, "score request: layer %d, positions [%d, %d)", r->layer, a, b);
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     if (r->inval_from >= 0 && r->inval_from < g->n_pages) /* rewritten since: read them again */
         memset(g->loaded + (size_t)r->layer * (size_t)g->n_pages + (size_t)r->inval_from, 0,
                (size_t)(g->n_pages - r->inval_from));
@@ -319,8 +320,8 @@ static int do_score(agent *g, tr_csd_req *r) {
     atomic_store(&sc.next, 0);
     tr_pool_run(g->pool, stats_task, &sc);
     atomic_fetch_add(&g->c->bytes_scores, (uint64_t)nh * 12);
-    atomic_fetch_add(&g->c->busy_ns, tr_io_now_ns() - t0);
-    atomic_fetch_add(&g->c->score_ns, tr_io_now_ns() - t0);
+    atomic_fetch_add(&g->c->busy_ns, tr_now_ns() - t0);
+    atomic_fetch_add(&g->c->score_ns, tr_now_ns() - t0);
     g->a = a;
     g->b = b;
     g->layer = r->layer;
@@ -336,7 +337,7 @@ static int do_finish(agent *g, tr_csd_req *r) {
     const float *cf = (const float *)(g->base + c->off_c);
     tr_csd_entry *e = (tr_csd_entry *)(g->base + c->off_scores);
     for (int32_t i0 = 0; i0 < n; i0 += c->chunk) {
-        const uint64_t t0 = tr_io_now_ns();
+        const uint64_t t0 = tr_now_ns();
         const int32_t i1 = i0 + c->chunk < n ? i0 + c->chunk : n;
         tr_kv_group_score(g->hs, (size_t)n, nh, cf, 1, i0, i1, g->tmp - i0);
         for (int32_t i = i0; i < i1; i++)
@@ -344,8 +345,8 @@ static int do_finish(agent *g, tr_csd_req *r) {
         const uint64_t bytes = (uint64_t)(i1 - i0) * sizeof(tr_csd_entry);
         pace(t0, rate_time((double)bytes, c->link_gbps));
         atomic_fetch_add(&c->bytes_scores, bytes);
-        atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
-        atomic_fetch_add(&c->score_ns, tr_io_now_ns() - t0);
+        atomic_fetch_add(&c->busy_ns, tr_now_ns() - t0);
+        atomic_fetch_add(&c->score_ns, tr_now_ns() - t0);
         /* publish the block, then wake the host under the lock (no lost wakeup) */
         atomic_store(&c->produced, (int64_t)i1);
         pthread_mutex_lock(&c->mu);
@@ -369,7 +370,7 @@ static int do_rows(struct rows_area *ar, tr_csd_req *r) {
         return fail(r, TR_E_ARG, "rows request: read gap %d", r->read_gap);
     const tr_csd_run *runs = (const tr_csd_run *)(g->base + c->off_runs[r->which]);
     ar->hashes = (const uint64_t *)(g->base + c->off_hashes[r->which]);
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     /* link: the runs' bytes; storage: the reads' (gaps included) */
     uint64_t bytes = 0, part_bytes[TR_CSD_PARTS] = {0}, part_sbytes[TR_CSD_PARTS] = {0};
     const int32_t P = c->page_tokens;
@@ -462,8 +463,8 @@ static int do_rows(struct rows_area *ar, tr_csd_req *r) {
     ar->n_parts = 0;
     if (js->failed) return fail(r, TR_E_IO, "%s", js->msg);
     atomic_fetch_add(&c->bytes_rows, bytes);
-    atomic_fetch_add(&c->busy_ns, tr_io_now_ns() - t0);
-    atomic_fetch_add(&c->rows_ns, tr_io_now_ns() - t0);
+    atomic_fetch_add(&c->busy_ns, tr_now_ns() - t0);
+    atomic_fetch_add(&c->rows_ns, tr_now_ns() - t0);
     return 0;
 }
 

@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,17 +29,11 @@ static inline void cpu_relax(void) {}
 #define SPIN_NS    100000
 #define SPIN_CHECK 64 /* pauses between two looks at the clock */
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* true while a spin that began at *t0 (0: not yet) is within its time */
 static bool keep_spinning(int *spins, uint64_t *t0) {
     cpu_relax();
     if (++*spins % SPIN_CHECK) return true;
-    const uint64_t t = now_ns();
+    const uint64_t t = tr_now_ns();
     if (!*t0) *t0 = t;
     return t - *t0 < SPIN_NS;
 }

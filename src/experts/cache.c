@@ -44,6 +44,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "experts/io.h"
 #include "experts/policy.h"
@@ -383,7 +384,7 @@ static void slot_load(tr_expert_cache *c, int32_t s, int32_t key, tr_io_job **fi
     sl->pending = nj;
     /* wall time with at least one read in flight: bytes_read / io_busy_ns is the bandwidth the
      * storage delivered while we were reading */
-    if (c->inflight == 0) c->busy_t0 = tr_io_now_ns();
+    if (c->inflight == 0) c->busy_t0 = tr_now_ns();
     c->inflight += nj;
     if (*last)
         (*last)->next = &jobs[0];
@@ -400,7 +401,7 @@ static void read_done(void *ctx, tr_io_job *j) {
     c->st.reads++;
     c->st.bytes_read += j->got;
     c->st.read_ns += j->ns;
-    if (--c->inflight == 0) c->st.io_busy_ns += tr_io_now_ns() - c->busy_t0;
+    if (--c->inflight == 0) c->st.io_busy_ns += tr_now_ns() - c->busy_t0;
     if ((j->err || j->got < j->need) && !sl->failed) {
         sl->failed = true;
         sl->err = j->err;
@@ -760,10 +761,10 @@ tr_status tr_expert_cache_acquire(tr_expert_cache *c, int32_t layer, const int32
     if (c->last_route != layer) route(c, layer, NULL);
     if (!try_acquire(c, req, &first, &last)) {
         /* other requests pin what we need: wait for a release or a finished read */
-        const uint64_t t0 = tr_io_now_ns();
+        const uint64_t t0 = tr_now_ns();
         do pthread_cond_wait(&c->cv, &c->mu);
         while (!try_acquire(c, req, &first, &last));
-        c->st.io_wait_ns += tr_io_now_ns() - t0;
+        c->st.io_wait_ns += tr_now_ns() - t0;
     }
     pthread_mutex_unlock(&c->mu);
     tr_io_pool_submit(c->io, first, last);
@@ -832,10 +833,10 @@ tr_status tr_expert_cache_next_ready(tr_expert_cache *c, tr_expert_request *req,
             *index = ready;
             break;
         }
-        if (!t0) t0 = tr_io_now_ns();
+        if (!t0) t0 = tr_now_ns();
         pthread_cond_wait(&c->cv, &c->mu);
     }
-    if (t0) c->st.io_wait_ns += tr_io_now_ns() - t0;
+    if (t0) c->st.io_wait_ns += tr_now_ns() - t0;
     pthread_mutex_unlock(&c->mu);
     return st;
 }

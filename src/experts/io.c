@@ -4,9 +4,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 struct tr_io_pool {
@@ -22,20 +22,14 @@ struct tr_io_pool {
     uint64_t eio_at, short_at;    /* set before any job is submitted */
 };
 
-uint64_t tr_io_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* fault: 0 none, 1 EIO, 2 short (the read stops halfway, as at an end of file) */
 static void io_read(tr_io_job *j, int fault) {
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     j->got = 0;
     j->err = 0;
     if (fault == 1) {
         j->err = EIO;
-        j->ns = tr_io_now_ns() - t0;
+        j->ns = tr_now_ns() - t0;
         return;
     }
     const uint64_t want = fault == 2 ? (j->need / 2 / TR_IO_ALIGN) * TR_IO_ALIGN : j->len;
@@ -52,7 +46,7 @@ static void io_read(tr_io_job *j, int fault) {
         /* O_DIRECT continues only at aligned positions; an unaligned count means end of file */
         if (j->direct && j->got % TR_IO_ALIGN) break;
     }
-    j->ns = tr_io_now_ns() - t0;
+    j->ns = tr_now_ns() - t0;
 }
 
 void tr_io_read(tr_io_job *job) { io_read(job, 0); }

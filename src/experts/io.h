@@ -31,7 +31,7 @@ typedef struct tr_io_job {
     /* results, valid in the completion callback */
     uint64_t got; /* bytes read */
     int err;      /* errno of a failed read, 0 otherwise (short: err 0, got < need) */
-    uint64_t ns;  /* time spent in pread */
+    uint64_t ns;  /* time spent in pread (tr_now_ns, core/clock.h) */
 } tr_io_job;
 
 typedef struct tr_io_pool tr_io_pool;
@@ -53,8 +53,5 @@ void tr_io_pool_set_faults(tr_io_pool *p, uint64_t eio_at, uint64_t short_at);
 /* Reads [offset, offset + len) into dst, retrying partial reads, as the workers do; for callers
  * that read outside the pool (probes). Sets job->got, job->err, job->ns. */
 void tr_io_read(tr_io_job *job);
-
-/* CLOCK_MONOTONIC in nanoseconds, the clock of job->ns */
-uint64_t tr_io_now_ns(void);
 
 #endif

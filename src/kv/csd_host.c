@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "kv/csd.h"
 #include "kv/kv_internal.h"
@@ -357,10 +358,10 @@ tr_status tr_kv_csd_start(tr_kv *kv, tr_error *err) {
 
     tr_status st = sock ? connect_agent(kv, sock, err) : spawn_agent(kv, bin, err);
     if (st) return st;
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     while (!atomic_load(&c->ready)) {
         if (agent_gone(kv)) return dead(kv, err);
-        if (tr_io_now_ns() - t0 > CSD_START_NS)
+        if (tr_now_ns() - t0 > CSD_START_NS)
             return tr_fail(err, TR_E_IO, "KV storage agent (%s) did not start in 10 s",
                            kv->csd_where);
         usleep(1000);
@@ -378,9 +379,9 @@ void tr_kv_csd_stop(tr_kv *kv) {
         tr_csd_req q = {.op = TR_CSD_OP_QUIT};
         uint64_t seq;
         if (!post(kv, &q, &seq, NULL)) {
-            const uint64_t t0 = tr_io_now_ns();
+            const uint64_t t0 = tr_now_ns();
             int ws;
-            while (tr_io_now_ns() - t0 <= 2000000000ull) {
+            while (tr_now_ns() - t0 <= 2000000000ull) {
                 if (kv->csd_pid > 0 ? waitpid(kv->csd_pid, &ws, WNOHANG) != 0
                                     : tr_csd_sock_closed(kv->csd_sock)) {
                     kv->csd_pid = 0;
@@ -459,13 +460,13 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     if (st) return st;
     /* group B on the host while the agent scores group A */
     const size_t stride = (size_t)n;
-    const uint64_t h0 = tr_io_now_ns();
+    const uint64_t h0 = tr_now_ns();
     tr_kv_score_heads(kv, pool, layer, cand, n_a, n, stride, scale);
     float *m_b = kv->csd_m, *c_a = kv->csd_c, *c_b = kv->csd_c + nh;
     double *z_b = kv->csd_z;
     for (int32_t h = 0; h < nh; h++)
         tr_kv_group_stats(kv->hs + (size_t)h * stride + n_a, n - n_a, &m_b[h], &z_b[h]);
-    uint64_t host_ns = tr_io_now_ns() - h0;
+    uint64_t host_ns = tr_now_ns() - h0;
     if ((st = wait_done(kv, seq, err))) return st;
     const float *m_a = (const float *)(base + c->off_stats);
     const double *z_a = (const double *)(base + c->off_stats + (uint64_t)nh * 4);
@@ -474,9 +475,9 @@ tr_status tr_kv_csd_score(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     atomic_store(&c->produced, 0);
     const tr_csd_req fin = {.op = TR_CSD_OP_FINISH, .layer = layer, .a = a, .b = b};
     if ((st = post(kv, &fin, &seq, err))) return st;
-    const uint64_t h1 = tr_io_now_ns();
+    const uint64_t h1 = tr_now_ns();
     tr_kv_group_score(kv->hs, stride, nh, c_b, 1, n_a, n, out);
-    host_ns += tr_io_now_ns() - h1;
+    host_ns += tr_now_ns() - h1;
     /* merge the agent's blocks as they arrive */
     const tr_csd_entry *e = (const tr_csd_entry *)(base + c->off_scores);
     int64_t got = 0;
@@ -565,25 +566,25 @@ tr_status tr_kv_app_probe(tr_kv *kv, tr_pool *pool, int32_t layer, const float *
     const int32_t mc = tr_kv_hk_held(kv, &kv->layers[layer], cand, n_a, m);
     if (!(p->app_f_c > 0) && mc > 0) { /* as the host scores its part in tr_kv_csd_score */
         const int32_t *hc = cand + n_a - mc;
-        const uint64_t t0 = tr_io_now_ns();
+        const uint64_t t0 = tr_now_ns();
         tr_kv_score_heads(kv, pool, layer, hc, 0, mc, (size_t)mc, scale);
         for (int32_t h = 0; h < kv->shape.n_head; h++) {
             float mx;
             double z;
             tr_kv_group_stats(kv->hs + (size_t)h * (size_t)mc, mc, &mx, &z);
         }
-        kv->app_tc = (double)(tr_io_now_ns() - t0) / mc;
+        kv->app_tc = (double)(tr_now_ns() - t0) / mc;
     }
     if (!(p->app_b_c > 0)) { /* hot records into the working set, as a gather copies them */
         int32_t nc = 0;
-        const uint64_t t0 = tr_io_now_ns();
+        const uint64_t t0 = tr_now_ns();
         for (int32_t t = 0; t < L->len && nc < APP_PROBE_ROWS && nc < kv->ws_cap; t++)
             if (L->tok[t].where == TR_KV_TOK_HOT) {
                 memcpy(kv->ws + (size_t)nc * kv->rec, L->hot + (size_t)L->tok[t].slot * kv->rec,
                        kv->rec);
                 nc++;
             }
-        const uint64_t ns = tr_io_now_ns() - t0;
+        const uint64_t ns = tr_now_ns() - t0;
         if (nc && ns) kv->app_bc = (double)nc * (double)kv->rec / (double)ns;
     }
     if (!(p->app_b_s > 0)) { /* the agent's rows: cold records read into the working set */
@@ -666,14 +667,14 @@ tr_status tr_kv_csd_rows_wait_part(tr_kv *kv, int which, int part, tr_error *err
     if (!G->n_jobs) return TR_OK;
     if (G->failed) return tr_fail(err, TR_E_IO, "%s", G->err_msg);
     tr_csd_ctl *c = kv->csd_ctl;
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     tr_status st = lock(kv, err);
     if (st) return st;
     while (atomic_load(&c->rows_parts[which]) <= part && !req_done(c, G->csd_seq))
         if ((st = wait_slice(kv, err))) return st;
     const bool in = atomic_load(&c->rows_parts[which]) > part;
     pthread_mutex_unlock(&c->mu);
-    kv->io_ns += tr_io_now_ns() - t0;
+    kv->io_ns += tr_now_ns() - t0;
     /* completed without it: the request failed, and its status says why */
     return in ? TR_OK : wait_done(kv, G->csd_seq, err);
 }
@@ -681,13 +682,13 @@ tr_status tr_kv_csd_rows_wait_part(tr_kv *kv, int which, int part, tr_error *err
 tr_status tr_kv_csd_rows_wait(tr_kv *kv, int which, tr_error *err) {
     tr_kv_gather *G = &kv->gath[which];
     if (!G->n_jobs) return TR_OK;
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     tr_status st = TR_OK;
     if (G->failed)
         st = tr_fail(err, TR_E_IO, "%s", G->err_msg);
     else
         st = wait_done(kv, G->csd_seq, err);
-    kv->io_ns += tr_io_now_ns() - t0;
+    kv->io_ns += tr_now_ns() - t0;
     if (!st) {
         kv->bytes_read += G->bytes;
         kv->read_ops += (uint64_t)atomic_load(&kv->csd_ctl->rows_reads[which]);

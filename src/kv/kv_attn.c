@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "kv/kv_internal.h"
 #include "tensor/fp16.h"
@@ -425,10 +426,10 @@ static tr_status select_step(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t po
     tr_kv_layer *L = &kv->layers[layer];
     if (L->moved) tr_kv_bkp_step(kv, L);
     if (pos > L->att_hi) L->att_hi = pos;
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     *n = 0;
     const tr_status st = tr_kv_select_row(kv, pool, layer, pos, q, spec, scale, swa, n, err);
-    *ns += tr_io_now_ns() - t0;
+    *ns += tr_now_ns() - t0;
     return st;
 }
 
@@ -574,7 +575,7 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
             return tr_fail(err, TR_E_ARG,
                            "KV attend: row %d at position %d, layer %d holds %d positions", r,
                            pos[r], layer, L->len);
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     uint64_t t_score = 0, selected = 0;
     kv->ahead_ns = 0;
     const tr_kv_policy pol = kv->params.policy;
@@ -660,6 +661,6 @@ tr_status tr_kv_attend_rows(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
     L->selected = selected;
     kv->steps++;
     kv->score_ns += t_score;
-    kv->attn_ns += tr_io_now_ns() - t0 - t_score;
+    kv->attn_ns += tr_now_ns() - t0 - t_score;
     return st;
 }

@@ -33,6 +33,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "kv/kv_internal.h"
 
@@ -450,7 +451,7 @@ void tr_kv_gather_start_parts(tr_kv *kv, int which, int32_t layer, const int32_t
     }
     G->pending = kv->csd ? 0 : G->n_jobs;
     if (G->n_jobs && !kv->csd) tr_io_pool_submit(kv->io, &G->jobs[0], &G->jobs[G->n_jobs - 1]);
-    const uint64_t t0 = kv->csd ? tr_io_now_ns() : 0;
+    const uint64_t t0 = kv->csd ? tr_now_ns() : 0;
     uint64_t copied = 0;
     for (int32_t i = 0; i < n; i++) {
         const tr_kv_tok *t = &L->tok[sel[i]];
@@ -459,7 +460,7 @@ void tr_kv_gather_start_parts(tr_kv *kv, int which, int32_t layer, const int32_t
             copied += rec;
         }
     }
-    if (kv->csd) tr_kv_app_note_rows(kv, copied, tr_io_now_ns() - t0, 0, 0);
+    if (kv->csd) tr_kv_app_note_rows(kv, copied, tr_now_ns() - t0, 0, 0);
 }
 
 tr_status tr_kv_pull_keys(tr_kv *kv, int32_t layer, tr_error *err) {
@@ -510,11 +511,11 @@ tr_status tr_kv_gather_wait(tr_kv *kv, int which, tr_error *err) {
     if (kv->csd) return tr_kv_csd_rows_wait(kv, which, err);
     tr_kv_gather *G = &kv->gath[which];
     if (!G->n_jobs) return TR_OK;
-    const uint64_t t0 = tr_io_now_ns();
+    const uint64_t t0 = tr_now_ns();
     pthread_mutex_lock(&G->mu);
     while (G->pending > 0) pthread_cond_wait(&G->cv, &G->mu);
     pthread_mutex_unlock(&G->mu);
-    kv->io_ns += tr_io_now_ns() - t0;
+    kv->io_ns += tr_now_ns() - t0;
     kv->bytes_read += G->bytes;
     kv->read_ops += (uint64_t)G->n_jobs;
     kv->pool_reads += (uint64_t)G->n_jobs;
