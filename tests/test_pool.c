@@ -53,7 +53,7 @@ int main(void) {
     TU_CHECK(tr_cpu_physical_cores() >= 1, "physical cores");
     printf("  physical cores: %d\n", tr_cpu_physical_cores());
     static const int sizes[] = {1, 2, 3, 4, 8};
-    for (int si = 0; si < 5; si++) {
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         const int nth = sizes[si];
         tr_pool *p = NULL;
         TU_CHECK(tr_pool_create(nth, &p, &err) == TR_OK, "%s", err.msg);
