@@ -359,6 +359,11 @@ typedef struct tr_session_kv_stats {
 void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 
 tr_session_params tr_session_default_params(void);
+/* Bytes of DRAM tr_session_create would allocate for these parameters (KV cache, or a KV policy's
+ * pools and copies, plus the forward pass's scratch), so that a caller can fit several sessions
+ * into a budget before allocating any; TR_E_ARG for parameters create would refuse. */
+tr_status tr_session_estimate(const tr_model *m, const tr_session_params *params, uint64_t *bytes,
+                              tr_error *err);
 /* Computes what the session needs (KV cache + scratch), reports it in the error if it cannot be
  * allocated, and allocates it once: nothing is allocated per token afterwards. */
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
@@ -384,6 +389,20 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
  * written to logits[b][n_vocab]. All sessions must belong to the same model. */
 tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t B, float *logits,
                           tr_error *err);
+
+/*
+ * One forward pass over new tokens of several sessions: session b appends n_tokens[b] >= 1 tokens,
+ * taken from `tokens` session after session (a continuous-batching step: one token for each
+ * sequence that is generating, a chunk of a prompt for one that is being prefilled). All tokens
+ * together must fit in sessions[0]'s batch size (n_batch); every weight, and every routed expert
+ * the batch needs, is read once for all of them, and each row's result is what that session alone
+ * would compute. `logits` (NULL: none) receives the logits of the last token of every session
+ * with want_logits[b] (want_logits NULL: every session), packed in batch order
+ * ([n_wanted][n_vocab]). An error (a bad token, a context overflow) advances no session.
+ */
+tr_status tr_batch_eval(tr_session **sessions, const int32_t *n_tokens, int32_t n_seq,
+                        const int32_t *tokens, const bool *want_logits, float *logits,
+                        tr_error *err);
 
 #ifdef __cplusplus
 }

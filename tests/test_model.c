@@ -103,6 +103,56 @@ int main(int argc, char **argv) {
     }
     printf("  decode batch of 3 sequences matches each sequence alone\n");
 
+    /* a continuous-batching step: a prompt chunk of 7 tokens for one sequence next to one token
+     * for two others, logits for the first and last only; each equals its sequence alone */
+    {
+        tr_session *mix[3];
+        const int32_t mlen[3] = {4, 9, 13}, mn[3] = {7, 1, 1};
+        for (int s = 0; s < 3; s++) {
+            TU_CHECK(tr_session_create(m, &sp, &mix[s], &err) == TR_OK, "%s", err.msg);
+            TU_CHECK(tr_session_eval(mix[s], toks + s, mlen[s], NULL, false, &err) == TR_OK, "%s",
+                     err.msg);
+        }
+        int32_t mt[9];
+        for (int i = 0; i < 9; i++) mt[i] = toks[20 + i];
+        const bool want[3] = {true, false, true};
+        float *lmix = malloc(sizeof(float) * 2 * nv);
+        TU_CHECK(tr_batch_eval(mix, mn, 3, mt, want, lmix, &err) == TR_OK, "%s", err.msg);
+        int exact = 1;
+        for (int s = 0, w = 0, off = 0; s < 3; off += mn[s], s++) {
+            TU_CHECK(tr_session_n_past(mix[s]) == mlen[s] + mn[s], "n_past after the mixed batch");
+            if (!want[s]) continue;
+            tr_session *ref = NULL;
+            TU_CHECK(tr_session_create(m, &sp, &ref, &err) == TR_OK, "%s", err.msg);
+            tr_session_eval(ref, toks + s, mlen[s], NULL, false, &err);
+            tr_session_eval(ref, mt + off, mn[s], last, false, &err);
+            const float d = max_diff(last, lmix + (size_t)w * nv, (size_t)nv);
+            exact = exact && d == 0.0f;
+            TU_CHECK(d < TOL, "mixed batch seq %d differs by %g", s, d);
+            tr_session_free(ref);
+            w++;
+        }
+        printf("  mixed batch (a 7-token chunk + 2 decode rows) matches each alone (%s)\n",
+               exact ? "bit-exact" : "within tolerance");
+        /* an error advances no session */
+        const int32_t badn[3] = {1, 0, 1};
+        TU_CHECK(tr_batch_eval(mix, badn, 3, mt, NULL, NULL, &err) == TR_E_ARG, "0 tokens");
+        const int32_t big[3] = {10, 10, 10};
+        TU_CHECK(tr_batch_eval(mix, big, 3, toks, NULL, NULL, &err) == TR_E_ARG, "over n_batch");
+        TU_CHECK(strstr(err.msg, "batch size") != NULL, "message: %s", err.msg);
+        int32_t badtok[9] = {1, 2, 3, 4, 5, 6, 7, nv + 1, 1};
+        TU_CHECK(tr_batch_eval(mix, mn, 3, badtok, NULL, NULL, &err) == TR_E_ARG, "bad token");
+        for (int s = 0; s < 3; s++)
+            TU_CHECK(tr_session_n_past(mix[s]) == mlen[s] + mn[s], "a failed batch moved n_past");
+        /* the estimate is what create allocates */
+        uint64_t est = 0;
+        TU_CHECK(tr_session_estimate(m, &sp, &est, &err) == TR_OK, "%s", err.msg);
+        TU_CHECK(est == tr_session_bytes(mix[0]), "estimate %llu vs %llu allocated",
+                 (unsigned long long)est, (unsigned long long)tr_session_bytes(mix[0]));
+        for (int s = 0; s < 3; s++) tr_session_free(mix[s]);
+        free(lmix);
+    }
+
     /* bad input: refused with a message, session unchanged */
     const int32_t before = tr_session_n_past(a);
     int32_t bad[2] = {1, nv + 5};

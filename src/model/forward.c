@@ -335,7 +335,7 @@ static tr_status ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
 }
 
 tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *tokens,
-                     float *logits, int32_t logits_rows, tr_error *err) {
+                     float *logits, int32_t logits_rows, const int32_t *out_rows, tr_error *err) {
     const tr_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd;
     if (rows < 1 || rows > sc->rows)
@@ -356,7 +356,15 @@ tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *t
         if (s) return s;
     }
     if (logits_rows <= 0) return TR_OK;
-    const int32_t first = rows - logits_rows;
+    int32_t first = rows - logits_rows;
+    if (out_rows) {
+        /* the wanted rows moved to the front (ascending, so row k's source is never a later
+         * row's destination) and computed as one block */
+        for (int32_t k = 0; k < logits_rows; k++)
+            if (out_rows[k] != k)
+                memcpy(sc->x + (size_t)k * E, sc->x + (size_t)out_rows[k] * E, (size_t)E * 4);
+        first = 0;
+    }
     norm_rows(m, sc->xn, sc->x + (size_t)first * E, m->output_norm, m->output_norm_b, logits_rows);
     matmul(m, sc, &m->output, sc->xn, logits_rows, logits);
     add_bias(logits, m->output_b, logits_rows, hp->n_vocab, hp->n_vocab);

@@ -23,48 +23,62 @@ static uint64_t kv_bytes_of(const tr_model *m, int32_t n_ctx) {
            (uint64_t)(hp->head_dim_k + hp->head_dim_v) * 2;
 }
 
-/* a session's KV policy from its parameters: NULL kv for full (the forward pass's own arrays) */
-static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct tr_kv **out,
-                           int *policy, tr_error *err) {
-    *out = NULL;
+/* a session's KV policy and its parameters: *policy TR_KV_FULL means the forward pass's own arrays
+ * (shape and kp are then not filled) */
+static tr_status kv_config(const tr_model *m, const tr_session_params *p, tr_kv_policy *policy,
+                           tr_kv_shape *shape, tr_kv_params *kp, tr_error *err) {
     tr_kv_policy pol = TR_KV_FULL;
     if (p->kv_policy && tr_kv_policy_parse(p->kv_policy, &pol, err)) return TR_E_ARG;
-    *policy = (int)pol;
+    *policy = pol;
     if (pol == TR_KV_FULL) return TR_OK;
     const tr_hparams *hp = &m->hp;
-    const tr_kv_shape shape = {hp->n_layer, p->n_ctx, hp->n_head_max, hp->n_head_kv_max,
-                               hp->head_dim_k, hp->head_dim_v};
-    tr_kv_params kp = tr_kv_default_params();
-    kp.policy = pol;
-    if (p->kv_alpha > 0) kp.alpha = p->kv_alpha;
-    if (p->kv_sink >= 0) kp.n_sink = p->kv_sink;
-    if (p->kv_window >= 0) kp.n_window = p->kv_window;
-    if (p->kv_score_bits) kp.score_bits = p->kv_score_bits;
-    kp.tail_bits = p->kv_tail_bits;
-    if (p->kv_tail_min >= 0.0f) kp.tail_min = p->kv_tail_min;
-    kp.hot_bytes = p->kv_hot_bytes;
-    kp.cold_dir = p->kv_cold_dir;
-    kp.keep = p->kv_keep;
-    if (p->kv_bkp && tr_kv_bkp_parse(p->kv_bkp, &kp.bkp, err)) return TR_E_ARG;
-    kp.csd = p->csd;
-    kp.csd_socket = p->csd_socket;
-    kp.csd_chunk = p->csd_chunk;
-    kp.csd_gbps = p->csd_gbps;
-    kp.csd_gflops = p->csd_gflops;
-    kp.csd_link_gbps = p->csd_link_gbps;
-    kp.beta = p->kv_beta;
-    kp.host_keys = p->kv_host_keys;
-    kp.max_rows = p->n_batch; /* a batch's rows are appended before they attend */
-    kp.app_f_c = p->kv_app_f_c;
-    kp.app_f_s = p->kv_app_f_s;
-    kp.app_b_c = p->kv_app_b_c;
-    kp.app_b_s = p->kv_app_b_s;
-    kp.spec = p->kv_spec;
+    *shape = (tr_kv_shape){hp->n_layer, p->n_ctx, hp->n_head_max, hp->n_head_kv_max,
+                           hp->head_dim_k, hp->head_dim_v};
+    *kp = tr_kv_default_params();
+    kp->policy = pol;
+    if (p->kv_alpha > 0) kp->alpha = p->kv_alpha;
+    if (p->kv_sink >= 0) kp->n_sink = p->kv_sink;
+    if (p->kv_window >= 0) kp->n_window = p->kv_window;
+    if (p->kv_score_bits) kp->score_bits = p->kv_score_bits;
+    kp->tail_bits = p->kv_tail_bits;
+    if (p->kv_tail_min >= 0.0f) kp->tail_min = p->kv_tail_min;
+    kp->hot_bytes = p->kv_hot_bytes;
+    kp->cold_dir = p->kv_cold_dir;
+    kp->keep = p->kv_keep;
+    if (p->kv_bkp && tr_kv_bkp_parse(p->kv_bkp, &kp->bkp, err)) return TR_E_ARG;
+    kp->csd = p->csd;
+    kp->csd_socket = p->csd_socket;
+    kp->csd_chunk = p->csd_chunk;
+    kp->csd_gbps = p->csd_gbps;
+    kp->csd_gflops = p->csd_gflops;
+    kp->csd_link_gbps = p->csd_link_gbps;
+    kp->beta = p->kv_beta;
+    kp->host_keys = p->kv_host_keys;
+    kp->max_rows = p->n_batch; /* a batch's rows are appended before they attend */
+    kp->app_f_c = p->kv_app_f_c;
+    kp->app_f_s = p->kv_app_f_s;
+    kp->app_b_c = p->kv_app_b_c;
+    kp->app_b_s = p->kv_app_b_s;
+    kp->spec = p->kv_spec;
     for (int32_t l = 0; l < hp->n_layer; l++)
         if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
             return tr_fail(err, TR_E_UNSUPPORTED,
                            "--kv-policy %s needs the same head counts in every layer",
                            tr_kv_policy_name(pol));
+    return TR_OK;
+}
+
+/* a session's KV policy from its parameters: NULL kv for full (the forward pass's own arrays) */
+static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct tr_kv **out,
+                           int *policy, tr_error *err) {
+    *out = NULL;
+    tr_kv_policy pol;
+    tr_kv_shape shape;
+    tr_kv_params kp;
+    tr_status st = kv_config(m, p, &pol, &shape, &kp, err);
+    if (st) return st;
+    *policy = (int)pol;
+    if (pol == TR_KV_FULL) return TR_OK;
     return tr_kv_create(&shape, &kp, out, err);
 }
 
@@ -181,6 +195,7 @@ static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, in
     TAKE(q16, (size_t)nth * (size_t)hp->head_dim_k * 2);
     TAKE(row_sess, R * sizeof(tr_session *));
     TAKE(row_pos, R * 4);
+    TAKE(out_rows, R * 4);
     TAKE(rope_cs, R * (size_t)hp->n_rot * 4);
     if (spec) {
         TAKE(qs[0], R * nq * 4);
@@ -214,6 +229,26 @@ uint64_t tr_session_estimate_default(const tr_model *m) {
     tr_scratch dummy;
     const int nth = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
     return kv_bytes_of(m, p.n_ctx) + scratch_plan(m, p.n_ctx, p.n_batch, nth, false, NULL, &dummy);
+}
+
+tr_status tr_session_estimate(const tr_model *m, const tr_session_params *params, uint64_t *bytes,
+                              tr_error *err) {
+    *bytes = 0;
+    tr_session_params p = params ? *params : tr_session_default_params();
+    resolve_params(m, &p);
+    if (p.n_ctx > (1 << 24))
+        return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
+    tr_kv_policy pol;
+    tr_kv_shape shape;
+    tr_kv_params kp;
+    tr_status st = kv_config(m, &p, &pol, &shape, &kp, err);
+    if (st) return st;
+    tr_scratch dummy;
+    const int nth = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
+    const bool spec = pol != TR_KV_FULL && p.kv_spec;
+    *bytes = (pol == TR_KV_FULL ? kv_bytes_of(m, p.n_ctx) : tr_kv_dram_bytes(&shape, &kp)) +
+             scratch_plan(m, p.n_ctx, p.n_batch, nth, spec, NULL, &dummy);
+    return TR_OK;
 }
 
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
@@ -319,7 +354,7 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
             lrows = 1;
             dst = logits;
         }
-        st = tr_forward(m, &s->sc, rows, tokens + done, dst, lrows, err);
+        st = tr_forward(m, &s->sc, rows, tokens + done, dst, lrows, NULL, err);
         if (st == TR_OK) {
             s->n_past += rows;
             done += rows;
@@ -330,39 +365,66 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
     return st;
 }
 
-tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t B, float *logits,
-                          tr_error *err) {
-    if (B <= 0) return tr_fail(err, TR_E_ARG, "empty batch");
+/* tr_batch_eval with n_tokens NULL meaning one token per session (tr_decode_batch) */
+static tr_status batch_eval(tr_session **sessions, const int32_t *n_tokens, int32_t n_seq,
+                            const int32_t *tokens, const bool *want_logits, float *logits,
+                            tr_error *err) {
+    if (n_seq <= 0 || !sessions || !tokens) return tr_fail(err, TR_E_ARG, "empty batch");
     tr_session *s0 = sessions[0];
     tr_model *m = s0->m;
-    if (B > s0->n_batch)
-        return tr_fail(err, TR_E_ARG, "batch of %d sequences exceeds the first session's batch "
-                       "size %d", B, s0->n_batch);
-    for (int32_t b = 0; b < B; b++) {
-        if (sessions[b]->m != m)
-            return tr_fail(err, TR_E_ARG, "sequence %d belongs to another model", b);
-        if (sessions[b]->n_past >= sessions[b]->n_ctx)
-            return tr_fail(err, TR_E_ARG, "sequence %d: context full (%d tokens)", b,
-                           sessions[b]->n_ctx);
-        if (sessions[b]->n_past >= s0->sc.n_ctx_cap)
+    int64_t rows = 0;
+    for (int32_t b = 0; b < n_seq; b++) {
+        const tr_session *sb = sessions[b];
+        const int32_t n = n_tokens ? n_tokens[b] : 1;
+        if (sb->m != m) return tr_fail(err, TR_E_ARG, "sequence %d belongs to another model", b);
+        if (n < 1) return tr_fail(err, TR_E_ARG, "sequence %d: %d tokens (at least 1)", b, n);
+        if ((int64_t)sb->n_past + n > sb->n_ctx)
+            return tr_fail(err, TR_E_ARG, "sequence %d: %d tokens do not fit in the context: %d of "
+                           "%d positions are used", b, n, sb->n_past, sb->n_ctx);
+        if ((int64_t)sb->n_past + n > s0->sc.n_ctx_cap)
             return tr_fail(err, TR_E_ARG, "sequence %d is longer (%d tokens) than the first "
                            "session's context (%d): put the session with the largest context first",
-                           b, sessions[b]->n_past + 1, s0->sc.n_ctx_cap);
-        if ((sessions[b]->kv != NULL) != (s0->kv != NULL))
+                           b, sb->n_past + n, s0->sc.n_ctx_cap);
+        if ((sb->kv != NULL) != (s0->kv != NULL))
             return tr_fail(err, TR_E_ARG, "sequence %d uses another kind of KV cache than the "
                            "first (mix --kv-policy full and the others in separate batches)", b);
+        if (sb->kv && n > sb->n_batch)
+            return tr_fail(err, TR_E_ARG, "sequence %d: %d tokens exceed its batch size %d", b, n,
+                           sb->n_batch);
         for (int32_t c = 0; c < b; c++)
-            if (sessions[c] == sessions[b])
+            if (sessions[c] == sb)
                 return tr_fail(err, TR_E_ARG, "sequence %d appears twice in the batch", b);
+        rows += n;
     }
+    if (rows > s0->n_batch)
+        return tr_fail(err, TR_E_ARG, "a batch of %lld tokens exceeds the first session's batch "
+                       "size %d", (long long)rows, s0->n_batch);
     pthread_mutex_lock(&m->lock);
-    for (int32_t b = 0; b < B; b++) {
-        s0->sc.row_sess[b] = sessions[b];
-        s0->sc.row_pos[b] = sessions[b]->n_past;
+    tr_scratch *sc = &s0->sc;
+    int32_t r = 0, n_out = 0;
+    for (int32_t b = 0; b < n_seq; b++) {
+        const int32_t n = n_tokens ? n_tokens[b] : 1;
+        for (int32_t i = 0; i < n; i++, r++) {
+            sc->row_sess[r] = sessions[b];
+            sc->row_pos[r] = sessions[b]->n_past + i;
+        }
+        if (logits && (!want_logits || want_logits[b])) sc->out_rows[n_out++] = r - 1;
     }
-    tr_status st = tr_forward(m, &s0->sc, B, tokens, logits, logits ? B : 0, err);
+    tr_status st = tr_forward(m, sc, r, tokens, logits, n_out, sc->out_rows, err);
     if (st == TR_OK)
-        for (int32_t b = 0; b < B; b++) sessions[b]->n_past++;
+        for (int32_t b = 0; b < n_seq; b++) sessions[b]->n_past += n_tokens ? n_tokens[b] : 1;
     pthread_mutex_unlock(&m->lock);
     return st;
+}
+
+tr_status tr_batch_eval(tr_session **sessions, const int32_t *n_tokens, int32_t n_seq,
+                        const int32_t *tokens, const bool *want_logits, float *logits,
+                        tr_error *err) {
+    if (!n_tokens) return tr_fail(err, TR_E_ARG, "no token counts");
+    return batch_eval(sessions, n_tokens, n_seq, tokens, want_logits, logits, err);
+}
+
+tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t B, float *logits,
+                          tr_error *err) {
+    return batch_eval(sessions, NULL, B, tokens, NULL, logits, err);
 }

@@ -31,6 +31,7 @@ typedef struct tr_scratch {
     /* per row bookkeeping */
     struct tr_session **row_sess;
     int32_t *row_pos;
+    int32_t *out_rows; /* rows whose logits a batch wants (tr_batch_eval) */
     float *rope_cs;  /* [rows][n_rot] cos/sin of the current layer's parameters */
     float *qs[2];    /* --kv-spec: [rows][n_head * hd_k] speculative queries of layers of each
                         parity (NULL without) */
@@ -73,8 +74,9 @@ static inline uint16_t *tr_sess_vt(const struct tr_session *s, int32_t l) {
 uint64_t tr_session_estimate_default(const tr_model *m);
 
 /* forward.c: compute `rows` rows (row r: token tokens[r] of sc->row_sess[r] at sc->row_pos[r]).
- * logits_rows: 0 = none, 1 = last row only, rows = every row; written to `logits`. */
+ * logits_rows: 0 = none, 1 = last row only, rows = every row; written to `logits`. With out_rows
+ * (strictly ascending row indices, logits_rows of them) those rows' logits instead, packed. */
 tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *tokens,
-                     float *logits, int32_t logits_rows, tr_error *err);
+                     float *logits, int32_t logits_rows, const int32_t *out_rows, tr_error *err);
 
 #endif
