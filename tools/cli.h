@@ -2,6 +2,7 @@
 #ifndef TR_TOOLS_CLI_H
 #define TR_TOOLS_CLI_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "terrace.h"
@@ -18,6 +19,7 @@ int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* "terrace: error: <msg>" on stderr */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -27,6 +29,15 @@ const char *cli_bytes(unsigned long long n, char *buf, size_t cap);
 void cli_print_escaped(FILE *f, const char *s, size_t len, size_t max_chars);
 /* a copy of s[0..len) that is valid UTF-8 (invalid bytes become U+FFFD); caller frees */
 char *cli_utf8_sanitize(const char *s, size_t len);
+/* the same into dst (room for 3 * len bytes, no NUL added); returns the bytes written */
+size_t cli_utf8_clean_into(char *dst, const char *s, size_t len);
+/* the length of s[0..len) without a trailing UTF-8 sequence that the next bytes may complete */
+size_t cli_utf8_complete(const char *s, size_t len);
+/* How much of generated text[0..len) may be shown, `shown` bytes being out already: up to the
+ * first stop string (*stopped set), else all of it but a tail that could begin one (all of it
+ * when final). Text is never shown past a stop string, so a caller cuts it there. */
+size_t cli_stop_scan(const char *text, size_t len, size_t shown, const char *const *stops,
+                     int n_stop, bool final, bool *stopped);
 /* parse a non-negative integer flag value; false with a message on junk */
 int cli_parse_int(const char *flag, const char *v, long lo, long hi, long *out);
 /* parse a byte size: "1073741824", "512M", "2G", "1.5GiB" */

@@ -74,26 +74,74 @@ void cli_print_escaped(FILE *f, const char *s, size_t len, size_t max_chars) {
     }
 }
 
-char *cli_utf8_sanitize(const char *s, size_t len) {
-    /* worst case every byte becomes the 3-byte U+FFFD */
-    char *out = malloc(len * 3 + 1);
-    if (!out) return NULL;
+size_t cli_utf8_clean_into(char *dst, const char *s, size_t len) {
     const unsigned char *p = (const unsigned char *)s;
     size_t o = 0;
     for (size_t i = 0; i < len;) {
         const size_t k = utf8_seq(p + i, len - i);
         if (k == 0 || (k == 1 && p[i] == 0)) {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            memcpy(dst + o, "\xEF\xBF\xBD", 3);
             o += 3;
             i++;
         } else {
-            memcpy(out + o, p + i, k);
+            memcpy(dst + o, p + i, k);
             o += k;
             i += k;
         }
     }
-    out[o] = '\0';
+    return o;
+}
+
+char *cli_utf8_sanitize(const char *s, size_t len) {
+    /* worst case every byte becomes the 3-byte U+FFFD */
+    char *out = malloc(len * 3 + 1);
+    if (!out) return NULL;
+    out[cli_utf8_clean_into(out, s, len)] = '\0';
     return out;
+}
+
+size_t cli_utf8_complete(const char *s, size_t len) {
+    const unsigned char *p = (const unsigned char *)s;
+    /* a lead byte among the last three bytes whose sequence runs past the end */
+    for (size_t back = 1; back <= 3 && back <= len; back++) {
+        const unsigned c = p[len - back];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+        return need > back ? len - back : len;
+    }
+    return len;
+}
+
+/* length of the longest suffix of text[0..len) that is a proper prefix of `stop` */
+static size_t partial_stop(const char *text, size_t len, const char *stop) {
+    const size_t sl = strlen(stop);
+    for (size_t k = sl - 1; k > 0; k--)
+        if (k <= len && !memcmp(text + len - k, stop, k)) return k;
+    return 0;
+}
+
+size_t cli_stop_scan(const char *text, size_t len, size_t shown, const char *const *stops,
+                     int n_stop, bool final, bool *stopped) {
+    size_t end = len;
+    *stopped = false;
+    for (int i = 0; i < n_stop; i++) {
+        const size_t sl = strlen(stops[i]);
+        const size_t from = shown > sl ? shown - sl : 0;
+        const char *hit = len > from ? memmem(text + from, len - from, stops[i], sl) : NULL;
+        if (hit && (size_t)(hit - text) < end) {
+            end = (size_t)(hit - text);
+            *stopped = true;
+        }
+    }
+    if (!*stopped && !final) {
+        size_t hold = 0;
+        for (int i = 0; i < n_stop; i++) {
+            const size_t k = partial_stop(text, len, stops[i]);
+            if (k > hold) hold = k;
+        }
+        end = len - hold;
+    }
+    return end;
 }
 
 int cli_parse_int(const char *flag, const char *v, long lo, long hi, long *out) {

@@ -433,32 +433,38 @@ void unload_model(loaded *l) {
     memset(l, 0, sizeof *l);
 }
 
-int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
-                        bool parse_special, size_t *n) {
-    tr_error err = {0};
+int32_t *tokenize_into(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
+                       bool parse_special, size_t *n, tr_error *err) {
     size_t cap = len + 8;
     int32_t *ids = malloc(cap * sizeof *ids);
     if (!ids) {
-        cli_error("out of memory tokenizing %zu bytes", len);
+        snprintf(err->msg, sizeof err->msg, "out of memory tokenizing %zu bytes", len);
         return NULL;
     }
-    tr_status s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, &err);
+    tr_status s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, err);
     if (s == TR_E_ARG && *n > cap) {
         cap = *n;
         int32_t *g = realloc(ids, cap * sizeof *ids);
         if (!g) {
             free(ids);
-            cli_error("out of memory tokenizing %zu bytes", len);
+            snprintf(err->msg, sizeof err->msg, "out of memory tokenizing %zu bytes", len);
             return NULL;
         }
         ids = g;
-        s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, &err);
+        s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, err);
     }
     if (s) {
         free(ids);
-        cli_error("tokenizing: %s", err.msg);
         return NULL;
     }
+    return ids;
+}
+
+int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
+                        bool parse_special, size_t *n) {
+    tr_error err = {0};
+    int32_t *ids = tokenize_into(t, text, len, add_special, parse_special, n, &err);
+    if (!ids) cli_error("tokenizing: %s", err.msg);
     return ids;
 }
 

@@ -52,7 +52,10 @@ typedef struct loaded {
 bool load_model(const gen_opts *o, loaded *out);
 void unload_model(loaded *l);
 
-/* tokenizes text into a malloc'd array; prints the error and returns NULL on failure */
+/* tokenizes text into a malloc'd array; NULL with the reason in err on failure */
+int32_t *tokenize_into(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
+                       bool parse_special, size_t *n, tr_error *err);
+/* the same, printing the error */
 int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
                         bool parse_special, size_t *n);
 /* reads a whole file into a malloc'd NUL-terminated buffer; prints why not and returns NULL */

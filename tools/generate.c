@@ -23,35 +23,11 @@ static void out_append(gen_state *g, const char *s, size_t n) {
     g->text[g->len] = '\0';
 }
 
-/* length of the longest suffix of text[0..len) that is a proper prefix of `stop` */
-static size_t partial_stop(const char *text, size_t len, const char *stop) {
-    const size_t sl = strlen(stop);
-    for (size_t k = sl - 1; k > 0; k--)
-        if (k <= len && !memcmp(text + len - k, stop, k)) return k;
-    return 0;
-}
-
 /* prints what is safe to print; returns true if a stop string was found */
 static bool flush_text(gen_state *g, const gen_opts *o, bool final) {
-    size_t end = g->len;
-    bool stopped = false;
-    for (int i = 0; i < o->n_stop; i++) {
-        const size_t sl = strlen(o->stop[i]);
-        const size_t from = g->printed > sl ? g->printed - sl : 0;
-        const char *hit = g->len > from ? strstr(g->text + from, o->stop[i]) : NULL;
-        if (hit && (size_t)(hit - g->text) < end) {
-            end = (size_t)(hit - g->text);
-            stopped = true;
-        }
-    }
-    if (!stopped && !final) {
-        size_t hold = 0;
-        for (int i = 0; i < o->n_stop; i++) {
-            const size_t k = partial_stop(g->text, g->len, o->stop[i]);
-            if (k > hold) hold = k;
-        }
-        end = g->len - hold;
-    }
+    bool stopped;
+    const size_t end = cli_stop_scan(g->text, g->len, g->printed, o->stop, o->n_stop, final,
+                                     &stopped);
     if (end > g->printed) {
         if (g->sink) g->sink(g->sink_user, g->text + g->printed, end - g->printed);
         g->printed = end;
