@@ -18,7 +18,7 @@ OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
 LDLIBS  := -lpcre2-8 -lxxhash -lpthread -lm
-CLI_LIBS := -lcjson
+CLI_LIBS := -lcjson -lmicrohttpd
 
 LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c src/tensor/x86/hash_avx2.c
@@ -49,6 +49,9 @@ $(BUILD)/%.o: %.c
 $(BUILD)/libterrace.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# the live page is assembled into the server (.incbin), so the object depends on the HTML
+$(BUILD)/tools/serve_page.o: tools/serve_page.html
 
 $(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
 	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libterrace.a $(CLI_LIBS) $(LDLIBS)

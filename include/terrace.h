@@ -239,6 +239,9 @@ typedef struct tr_model_params {
 } tr_model_params;
 
 tr_model_params tr_model_default_params(void);
+/* The memory budget when none is given (mem_budget_bytes 0): the memory cgroup's limit if one is
+ * set (page cache counts against it), else MemAvailable. */
+uint64_t tr_mem_available(void);
 tr_status tr_model_load(const char *path, const tr_model_params *params, tr_model **out,
                         tr_error *err);
 void tr_model_free(tr_model *m);

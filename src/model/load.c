@@ -550,7 +550,7 @@ static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *er
 /* what the memory budget is when the user did not say: the memory cgroup's limit if one is set
  * (page cache counts against it, and that is where "bigger than memory" runs live), else
  * MemAvailable */
-static uint64_t auto_mem_budget(void) {
+uint64_t tr_mem_available(void) {
     uint64_t limit = 0;
     FILE *f = fopen("/proc/self/cgroup", "r");
     if (f) {
@@ -605,7 +605,7 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
     uint64_t budget = p->expert_cache_bytes;
     if (budget == TR_EXPERT_CACHE_MIN) budget = tr_expert_cache_min_budget(&layout);
     if (!budget) {
-        const uint64_t mem = p->mem_budget_bytes ? p->mem_budget_bytes : auto_mem_budget();
+        const uint64_t mem = p->mem_budget_bytes ? p->mem_budget_bytes : tr_mem_available();
         /* leave the dense weights, a default session (KV + scratch) and headroom for the
          * process and the kernel's own pages (code, page tables): a cgroup near its limit
          * reclaims, and reclaim stalls cost more than a smaller cache */
