@@ -100,10 +100,12 @@ bench-moe: deps all peer
 	@bash bench/bench_moe.sh
 
 # KV decode step, offload vs tiered (and h2o, quest), 7B-like attention, most KV on disk, in a
-# capped cgroup (root; results: bench/results/kv.md)
+# capped cgroup (root). KV_SCENARIOS: bench/bench_kv.sh's scenarios (main, agent, spec, tail-cost,
+# beta, persist, batch, paired); results: bench/results/kv-<scenarios>.md, findings in kv.md
+KV_SCENARIOS ?= main
 bench-kv: deps all $(BUILD)/bench/bench_kv
 	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
-	@bash bench/bench_kv.sh
+	@bash bench/bench_kv.sh $(KV_SCENARIOS)
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
 bench-kv-quality: deps all
