@@ -275,18 +275,9 @@ int cmd_serve(int argc, char **argv) {
         char *dot = s->cfg.alias ? NULL : strstr(s->model_id, ".gguf");
         if (dot && !dot[5]) *dot = '\0';
     }
-    /* the chat template, as `terrace chat` finds it */
-    tr_str tmpl = {0};
-    char *tmpl_c = NULL;
-    if (tr_gguf_kv_str(tr_model_gguf(s->ld.model), "tokenizer.chat_template", &tmpl) &&
-        !(tmpl_c = strndup(tmpl.ptr, (size_t)tmpl.len)))
-        goto out;
-    const char *override = s->cfg.gen.chat_template;
-    if (!tmpl_c && !override && !strcmp(tr_model_arch(s->ld.model), "gemma3")) override = "gemma";
-    s->has_template = tr_chat_detect(tmpl_c, override, &s->style, &err) == TR_OK;
-    free(tmpl_c);
-    if (!s->has_template)
-        fprintf(stderr, "terrace: warning: %s; chat requests will be refused\n", err.msg);
+    char twhy[1024];
+    if (!api_template_init(s, twhy, sizeof twhy))
+        fprintf(stderr, "terrace: warning: %s; chat requests will be refused\n", twhy);
     if (sched_init(s, &err)) {
         cli_error("%s", err.msg);
         goto out;
@@ -305,7 +296,7 @@ int cmd_serve(int argc, char **argv) {
             s->model_id, tr_model_arch(s->ld.model),
             cli_bytes(tr_model_weight_bytes(s->ld.model), why, sizeof why), s->n_slots, s->n_ctx,
             s->cfg.gen.n_batch, tr_pool_size(tr_model_pool(s->ld.model)), tr_cpu_isa(),
-            s->has_template ? tr_chat_style_name(s->style) : "none");
+            api_template_name(s));
     fprintf(stderr, "terrace: listening on http://%s:%d/ (%s)\n", s->cfg.host, s->cfg.port,
             s->cfg.api_key ? "API key required" : "no API key");
     fflush(stderr);
@@ -341,6 +332,7 @@ out:
     http_stop(s);
     sched_stop(s);
     sched_free(s);
+    api_template_free(s);
     if (s->ld.model) unload_model(&s->ld);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->sched_cv);

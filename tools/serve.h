@@ -24,7 +24,6 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "text/chat.h"
 
 #define SERVE_MAX_STOP 16
 
@@ -139,8 +138,7 @@ typedef struct server {
     loaded ld;
     char model_id[256];
     char model_file[256]; /* base name of the GGUF */
-    bool has_template;
-    tr_chat_style style;
+    struct serve_template *tmpl; /* the chat template (serve_api.c); NULL: none */
     int32_t n_ctx;        /* per slot */
     int32_t n_vocab;
     double started;       /* now_ms() at start, for uptime */
@@ -242,6 +240,11 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
                       sbuf *out);
 const char *api_stream_content_type(api_kind kind);
 void api_models(server *s, bool ollama, sbuf *out);
+/* the model's chat template (or --chat-template); false with why when there is none (chat
+ * requests are then refused) */
+bool api_template_init(server *s, char *why, size_t cap);
+const char *api_template_name(const server *s);
+void api_template_free(server *s);
 
 /* serve_http.c */
 bool http_start(server *s, char *why, size_t cap);

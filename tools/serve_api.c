@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "serve.h"
+#include "text/chat.h"
 
 static bool fail(api_error *e, int status, const char *type, const char *code, const char *param,
                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
@@ -291,19 +292,59 @@ static bool tokenize_prompt(server *s, const char *text, job *j, api_error *e) {
     return true;
 }
 
+/* the chat template: the built-in formats until the Jinja engine has a public door */
+struct serve_template {
+    tr_chat_style style;
+};
+
+bool api_template_init(server *s, char *why, size_t cap) {
+    tr_str tmpl = {0};
+    char *tmpl_c = NULL;
+    if (tr_gguf_kv_str(tr_model_gguf(s->ld.model), "tokenizer.chat_template", &tmpl) &&
+        !(tmpl_c = strndup(tmpl.ptr, (size_t)tmpl.len))) {
+        snprintf(why, cap, "out of memory");
+        return false;
+    }
+    const char *override = s->cfg.gen.chat_template;
+    if (!tmpl_c && !override && !strcmp(tr_model_arch(s->ld.model), "gemma3")) override = "gemma";
+    tr_chat_style style;
+    tr_error err = {0};
+    const tr_status st = tr_chat_detect(tmpl_c, override, &style, &err);
+    free(tmpl_c);
+    if (st) {
+        snprintf(why, cap, "%s", err.msg);
+        return false;
+    }
+    if (!(s->tmpl = malloc(sizeof *s->tmpl))) {
+        snprintf(why, cap, "out of memory");
+        return false;
+    }
+    s->tmpl->style = style;
+    return true;
+}
+
+const char *api_template_name(const server *s) {
+    return s->tmpl ? tr_chat_style_name(s->tmpl->style) : "none";
+}
+
+void api_template_free(server *s) {
+    free(s->tmpl);
+    s->tmpl = NULL;
+}
+
 static bool chat_prompt(server *s, const msg_list *l, job *j, api_error *e) {
-    if (!s->has_template)
+    if (!s->tmpl)
         return BAD(e, "messages", "the model has no chat template; start the server with "
                    "--chat-template NAME (%s) or use the completions endpoint",
                    tr_chat_style_list());
     char *text = NULL;
     tr_error err = {0};
-    if (tr_chat_format(s->style, l->m, l->n, true, &text, &err))
+    if (tr_chat_format(s->tmpl->style, l->m, l->n, true, &text, &err))
         return BAD(e, "messages", "the chat template: %s", err.msg);
     const bool ok = tokenize_prompt(s, text, j, e);
     free(text);
     /* the template's end-of-turn strings end the answer, as in `terrace chat` */
-    for (const char *const *st = tr_chat_stop_strings(s->style); ok && st && *st; st++)
+    for (const char *const *st = tr_chat_stop_strings(s->tmpl->style); ok && st && *st; st++)
         if (j->n_stop < SERVE_MAX_STOP && !(j->stop[j->n_stop++] = strdup(*st)))
             return fail(e, 500, "server_error", NULL, NULL, "out of memory");
     return ok;

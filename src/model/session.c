@@ -314,6 +314,11 @@ uint64_t tr_session_bytes(const tr_session *s) {
 int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
 int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
 
+void tr_session_set_abort(tr_session *s, tr_abort_fn fn, void *user) {
+    s->abort_fn = fn;
+    s->abort_user = user;
+}
+
 tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err) {
     if (n < 0 || n > s->n_past)
         return tr_fail(err, TR_E_ARG, "cannot truncate to %d tokens (session holds %d)", n,
@@ -338,7 +343,13 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
     pthread_mutex_lock(&m->lock);
     tr_status st = TR_OK;
     const int32_t start = s->n_past;
+    bool aborted = false;
     for (int32_t done = 0; done < n && st == TR_OK;) {
+        if (s->abort_fn && s->abort_fn(s->abort_user)) {
+            st = tr_fail(err, TR_E_ABORTED, "aborted by the caller after %d of %d tokens", done, n);
+            aborted = true;
+            break;
+        }
         const int32_t rows = n - done < s->n_batch ? n - done : s->n_batch;
         for (int32_t r = 0; r < rows; r++) {
             s->sc.row_sess[r] = s;
@@ -360,7 +371,8 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
             done += rows;
         }
     }
-    if (st != TR_OK) s->n_past = start; /* all or nothing */
+    /* all or nothing on errors; an abort keeps the chunks it let finish (the header says so) */
+    if (st != TR_OK && !aborted) s->n_past = start;
     pthread_mutex_unlock(&m->lock);
     return st;
 }
@@ -399,6 +411,9 @@ static tr_status batch_eval(tr_session **sessions, const int32_t *n_tokens, int3
     if (rows > s0->n_batch)
         return tr_fail(err, TR_E_ARG, "a batch of %lld tokens exceeds the first session's batch "
                        "size %d", (long long)rows, s0->n_batch);
+    for (int32_t b = 0; b < n_seq; b++)
+        if (sessions[b]->abort_fn && sessions[b]->abort_fn(sessions[b]->abort_user))
+            return tr_fail(err, TR_E_ABORTED, "sequence %d: aborted by the caller", b);
     pthread_mutex_lock(&m->lock);
     tr_scratch *sc = &s0->sc;
     int32_t r = 0, n_out = 0;
