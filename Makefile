@@ -103,7 +103,7 @@ test: deps
 	    build/asan/terrace build/asan/terrace-storaged $(TEST_BIN:build/%=build/asan/%)
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
 	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache \
-	    build/tsan/tests/test_kv build/tsan/terrace-storaged
+	    build/tsan/tests/test_kv build/tsan/terrace-storaged build/tsan/terrace
 	@$(MAKE) --no-print-directory cross-aarch64
 	@bash tests/run.sh
 

@@ -11,6 +11,9 @@ have_header cjson/cJSON.h        || need_pkgs+=(libcjson-dev)
 have_header pcre2.h              || need_pkgs+=(libpcre2-dev)
 have_header liburing.h           || need_pkgs+=(liburing-dev)
 have_header xxhash.h             || need_pkgs+=(libxxhash-dev)
+have_header microhttpd.h         || need_pkgs+=(libmicrohttpd-dev)
+# the live page of terrace serve is tested in headless Chromium (tests/py/test_serve_page.py)
+command -v chromium >/dev/null   || need_pkgs+=(chromium)
 command -v clang >/dev/null      || need_pkgs+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 \
     || need_pkgs+=(libclang-rt-14-dev)
@@ -30,12 +33,13 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
         "${need_pkgs[@]}" >/dev/null
 fi
 
-PY_PKGS=(gguf numpy)
+# openai: the official client, against terrace serve (tests/py/test_serve.py)
+PY_PKGS=(gguf numpy openai)
 if [ ! -x .venv/bin/python3 ]; then
     echo "deps: creating Python venv in .venv"
     python3 -m venv .venv
 fi
-if ! .venv/bin/python3 -c 'import gguf, numpy' 2>/dev/null; then
+if ! .venv/bin/python3 -c 'import gguf, numpy, openai' 2>/dev/null; then
     echo "deps: installing Python packages: ${PY_PKGS[*]}"
     .venv/bin/pip install -q --disable-pip-version-check "${PY_PKGS[@]}"
 fi

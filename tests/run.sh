@@ -206,6 +206,19 @@ if need_testdata "tokenizer vectors"; then
     done
 fi
 
+# --- terrace serve: the openai package, Ollama's API, 16 concurrent clients, faults (ASan), the
+# threads (TSan, a small synthetic model), the live page in headless Chromium ------------------
+SMOLLM2=$(bash scripts/get_model.sh smollm2)
+run "serve: openai package, Ollama API, 16 concurrent = alone, counters" \
+    $PY tests/py/test_serve.py build/terrace "$SMOLLM2"
+run "serve: bad requests, auth, 413, a killed client, a full queue, SIGTERM [$ASAN_BUILD]" \
+    $PY tests/py/test_serve_faults.py "$ASAN_BUILD/terrace" "$SMOLLM2"
+$PY tests/py/synth.py llama Q8_0 "$TMP/synth-llama-q8.gguf"
+run "serve: threads under ThreadSanitizer [$TSAN_BUILD]" \
+    $PY tests/py/test_serve_threads.py "$TSAN_BUILD/terrace" "$TMP/synth-llama-q8.gguf"
+run "serve: the live page in headless Chromium" \
+    $PY tests/py/test_serve_page.py build/terrace "$SMOLLM2" "$TMP/serve-page.png"
+
 # --- every C test listed, built and run ---------------------------------------------------------
 check_list() {
     local ok=0 src name b f

@@ -424,11 +424,16 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
     memset(r, 0, sizeof *r);
     r->kind = kind;
     if (has_nul_escape(body, len)) return BAD(e, NULL, "NUL characters (\\u0000) are not supported");
+    /* cJSON records a parse error's position in a static of its own: one parse at a time */
+    static pthread_mutex_t parse_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&parse_mu);
     cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *at = root ? NULL : cJSON_GetErrorPtr();
+    const long off = at && at >= body && at <= body + len ? (long)(at - body) : -1;
+    pthread_mutex_unlock(&parse_mu);
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        const long off = at && at >= body && at <= body + len ? (long)(at - body) : -1;
-        return BAD(e, NULL, "the body is not valid JSON (near byte %ld)", off);
+        if (len == 0) return BAD(e, NULL, "the body is empty (a JSON object is expected)");
+        return BAD(e, NULL, "the body is not valid JSON (at byte %ld of %zu)", off, len);
     }
     bool ok = false;
     msg_list msgs = {0};
