@@ -6,11 +6,21 @@
 # native build on a CPU that advertises AMX compiles ggml's AMX kernels, and those crash here
 # (SIGSEGV in ggml_backend_amx_mul_mat: the VM does not grant the AMX tile state). Everything else
 # (AVX2, AVX-512 incl. VNNI/BF16, weight repacking, OpenMP) is as a native build has it.
+#
+# The server extras (llama-cpp-python[server]: FastAPI, uvicorn, ...; `python -m llama_cpp.server`,
+# the peer of terrace serve) are added with pip on top of the built library, which pip then leaves
+# as it is: the version is already satisfied, so nothing is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+server_extras() {
+    .venv-peer/bin/python3 -c "import llama_cpp.server.app" 2>/dev/null && return 0
+    echo "peer: adding the server extras of llama-cpp-python $VERSION (no rebuild)"
+    .venv-peer/bin/pip install -q --disable-pip-version-check "llama-cpp-python[server]==$VERSION"
+}
 if .venv-peer/bin/python3 -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$VERSION')" 2>/dev/null \
    && [ -f .venv-peer/.terrace-peer-flags ] && [ "$(cat .venv-peer/.terrace-peer-flags)" = "v2" ]; then
+    server_extras
     exit 0
 fi
 flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
@@ -26,3 +36,4 @@ echo "peer: building llama-cpp-python $VERSION from source ($flags); this takes 
 CMAKE_ARGS="$flags" .venv-peer/bin/pip install -q --disable-pip-version-check --no-cache-dir \
     --force-reinstall --no-binary llama-cpp-python "llama-cpp-python==$VERSION" numpy gguf
 echo v2 > .venv-peer/.terrace-peer-flags
+server_extras
