@@ -53,7 +53,7 @@ VERSION := $(shell sed -n 's/^\#define TR_VERSION_STRING "\(.*\)"/\1/p' include/
 MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include/terrace.h)
 SONAME  := libterrace.so.$(MAJOR)
 
-.PHONY: all test demo deps clean peer parity bench bench-moe bench-kv bench-kv-quality bench-replay \
+.PHONY: all test demo deps clean peer parity bench bench-moe bench-serve bench-kv bench-kv-quality bench-replay \
         bench-kernels cross-aarch64 fuzz fuzz-build format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
@@ -126,6 +126,11 @@ bench: deps all peer
 # a MoE model bigger than memory, in a capped cgroup (root; results: bench/results/moe.md)
 bench-moe: deps all peer
 	@bash bench/bench_moe.sh
+
+# terrace serve vs llama.cpp's server (llama-cpp-python[server]) at 1, 4, 8, 16 streams, the default
+# model and the 1 GiB MoE in a capped cgroup (root; results: bench/results/serve.md)
+bench-serve: deps all peer
+	@.venv/bin/python3 bench/bench_serve.py
 
 # KV decode step, offload vs tiered (and h2o, quest), 7B-like attention, most KV on disk, in a
 # capped cgroup (root). KV_SCENARIOS: bench/bench_kv.sh's scenarios (main, agent, spec, tail-cost,

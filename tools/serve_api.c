@@ -893,6 +893,16 @@ void api_models(server *s, bool ollama, sbuf *out) {
         cJSON_AddStringToObject(d, "family", tr_model_arch(s->ld.model));
         cJSON *fam = cJSON_AddArrayToObject(d, "families");
         cJSON_AddItemToArray(fam, cJSON_CreateString(tr_model_arch(s->ld.model)));
+        /* Ollama's "135M" / "Q4_1" */
+        const double np = (double)tr_model_n_params(s->ld.model);
+        char ps[32];
+        if (np >= 1e9) snprintf(ps, sizeof ps, "%.1fB", np / 1e9);
+        else snprintf(ps, sizeof ps, "%.0fM", np / 1e6);
+        cJSON_AddStringToObject(d, "parameter_size", ps);
+        int64_t ft = -1;
+        cJSON_AddStringToObject(d, "quantization_level",
+                                tr_gguf_kv_int(g, "general.file_type", &ft) ? tr_file_type_name(ft)
+                                                                            : "unknown");
     } else {
         cJSON_AddStringToObject(o, "object", "list");
         cJSON *arr = cJSON_AddArrayToObject(o, "data");
@@ -909,6 +919,10 @@ void api_models(server *s, bool ollama, sbuf *out) {
         cJSON_AddNumberToObject(meta, "n_slots", s->n_slots);
         cJSON_AddNumberToObject(meta, "n_vocab", s->n_vocab);
         cJSON_AddNumberToObject(meta, "size", (double)size);
+        cJSON_AddNumberToObject(meta, "n_params", (double)tr_model_n_params(s->ld.model));
+        char desc[256];
+        tr_model_desc(s->ld.model, desc, sizeof desc);
+        cJSON_AddStringToObject(meta, "desc", desc);
     }
     emit(o, out, "", "");
 }
