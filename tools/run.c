@@ -3,10 +3,23 @@
  * load time, TTFT, prefill and decode speed, and peak memory (on stderr, so stdout is only the
  * text).
  */
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "generate.h"
+
+/* Ctrl-C stops the generation (also in the middle of a long prefill, through the session's abort
+ * callback); the text so far and the summary are still printed, and the exit status is 130 */
+static volatile sig_atomic_t g_sigint;
+static void on_sigint(int sig) {
+    (void)sig;
+    g_sigint = 1;
+}
+static bool abort_on_sigint(void *user) {
+    (void)user;
+    return g_sigint != 0;
+}
 
 static void run_usage(FILE *f) {
     fprintf(f, "usage: terrace run -m MODEL.gguf (-p PROMPT | -f FILE) [options]\n\n"
@@ -64,6 +77,9 @@ int cmd_run(int argc, char **argv) {
         goto out;
     }
     tm.sess = s;
+    tr_session_set_abort(s, abort_on_sigint, NULL);
+    g.interrupt = &g_sigint;
+    signal(SIGINT, on_sigint);
     if ((int64_t)n_tok >= tr_session_n_ctx(s)) {
         cli_error("the prompt is %zu tokens but the context holds %d (raise -c, up to the model's "
                   "%d)", n_tok, tr_session_n_ctx(s), tr_model_n_ctx_train(ld.model));
@@ -85,16 +101,17 @@ int cmd_run(int argc, char **argv) {
     }
     if (!o.no_display_prompt) to_stdout(NULL, prompt, plen);
     for (size_t i = 0; i < n_tok; i++) tr_sampler_accept(smp, toks[i]);
-    if (!gen_prefill(&g, s, toks, n_tok, logits)) goto out;
-    if (!gen_run(&g, &o, &ld, s, smp, logits)) goto out;
+    if (!gen_prefill(&g, s, toks, n_tok, logits) && !g.interrupted) goto out;
+    if (!g.interrupted && !gen_run(&g, &o, &ld, s, smp, logits)) goto out;
     telem_close(&tm);
     fputc('\n', stdout);
     fflush(stdout);
     gen_summary(&g, &ld, s);
-    rc = 0;
+    rc = g.interrupted ? 130 : 0;
 out:
     telem_close(&tm);
     free(g.text);
+    free(g.ids);
     free(logits);
     free(toks);
     free(file_text);
