@@ -52,7 +52,7 @@ VERSION := $(shell sed -n 's/^\#define TR_VERSION_STRING "\(.*\)"/\1/p' include/
 MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include/terrace.h)
 SONAME  := libterrace.so.$(MAJOR)
 
-.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
+.PHONY: all lib cli test demo deps clean install uninstall bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
         format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
@@ -80,6 +80,52 @@ $(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
 # the KV cache's storage agent, a process of its own (src/kv/csd.h)
 $(BUILD)/terrace-storaged: $(BUILD)/src/agent/storaged.o $(BUILD)/libterrace.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
+
+# ---- install ------------------------------------------------------------------------------------
+# make install PREFIX=/usr/local DESTDIR=/tmp/stage  (uninstall takes the same variables)
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR     ?= $(PREFIX)/share/man
+DOCDIR     ?= $(PREFIX)/share/doc/terrace
+PCDIR      ?= $(LIBDIR)/pkgconfig
+# paths under the prefix are written relative to it, so pkg-config --define-prefix can move them
+pcpath = $(patsubst $(PREFIX)%,$${prefix}%,$(1))
+
+$(BUILD)/terrace.pc: Makefile include/terrace.h
+	@mkdir -p $(dir $@)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call pcpath,$(LIBDIR))' \
+	    'includedir=$(call pcpath,$(INCLUDEDIR))' '' 'Name: terrace' \
+	    'Description: run GGUF language models on machines whose memory is smaller than the model' \
+	    'Version: $(VERSION)' 'Libs: -L$${libdir} -lterrace' 'Libs.private: $(LDLIBS)' \
+	    'Cflags: -I$${includedir}' >$@
+
+$(BUILD)/terrace.1: man/terrace.1 include/terrace.h
+	@mkdir -p $(dir $@)
+	sed 's/@VERSION@/$(VERSION)/' $< >$@
+
+install: all $(BUILD)/libterrace.a $(BUILD)/terrace.pc $(BUILD)/terrace.1
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) \
+	    $(DESTDIR)$(PCDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(DOCDIR)
+	install -m 755 $(BUILD)/terrace $(BUILD)/terrace-storaged $(DESTDIR)$(BINDIR)/
+	install -m 755 $(BUILD)/libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libterrace.so
+	install -m 644 $(BUILD)/libterrace.a $(DESTDIR)$(LIBDIR)/
+	install -m 644 include/terrace.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(BUILD)/terrace.pc $(DESTDIR)$(PCDIR)/
+	install -m 644 $(BUILD)/terrace.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 LICENSE README.md $(DESTDIR)$(DOCDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/terrace $(DESTDIR)$(BINDIR)/terrace-storaged \
+	    $(DESTDIR)$(LIBDIR)/libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	    $(DESTDIR)$(LIBDIR)/libterrace.so $(DESTDIR)$(LIBDIR)/libterrace.a \
+	    $(DESTDIR)$(INCLUDEDIR)/terrace.h $(DESTDIR)$(PCDIR)/terrace.pc \
+	    $(DESTDIR)$(MANDIR)/man1/terrace.1 $(DESTDIR)$(DOCDIR)/LICENSE $(DESTDIR)$(DOCDIR)/README.md
+	-rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null
 
 # ---- tests --------------------------------------------------------------------------------------
 TEST_SRC := $(wildcard tests/test_*.c)

