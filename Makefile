@@ -52,8 +52,8 @@ VERSION := $(shell sed -n 's/^\#define TR_VERSION_STRING "\(.*\)"/\1/p' include/
 MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include/terrace.h)
 SONAME  := libterrace.so.$(MAJOR)
 
-.PHONY: all lib cli test demo deps clean install uninstall bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
-        format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
+.PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-kv \
+        bench-kv-quality bench-replay bench-kernels cross-aarch64 fuzz fuzz-build format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
@@ -170,10 +170,12 @@ bench-moe: deps all peer
 	@bash bench/bench_moe.sh
 
 # KV decode step, offload vs tiered (and h2o, quest), 7B-like attention, most KV on disk, in a
-# capped cgroup (root; results: bench/results/kv.md)
+# capped cgroup (root). KV_SCENARIOS: bench/bench_kv.sh's scenarios (main, agent, spec, tail-cost,
+# beta, persist, batch, paired); results: bench/results/kv-<scenarios>.md, findings in kv.md
+KV_SCENARIOS ?= main
 bench-kv: deps all $(BUILD)/bench/bench_kv
 	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
-	@bash bench/bench_kv.sh
+	@bash bench/bench_kv.sh $(KV_SCENARIOS)
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
 bench-kv-quality: deps all
