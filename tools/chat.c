@@ -17,15 +17,12 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "generate.h"
 #include "text/chat.h"
-
-#define CHAT_EXIT_INTERRUPT 130 /* Ctrl-C at the prompt, as llama.cpp's llama-cli */
 
 static const char k_commands[] =
     "  /help            this list\n"
@@ -52,29 +49,6 @@ static void to_stdout(void *user, const char *s, size_t n) {
     fflush(stdout);
 }
 
-/* ---- Ctrl-C ------------------------------------------------------------------------------------ */
-
-static volatile sig_atomic_t g_sigint;
-
-static void on_sigint(int sig) {
-    (void)sig;
-    g_sigint = 1;
-}
-
-static bool abort_on_sigint(void *user) {
-    (void)user;
-    return g_sigint != 0;
-}
-
-/* no SA_RESTART: a read at the prompt returns EINTR, which is how Ctrl-C there ends the chat */
-static void catch_sigint(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-}
-
 /* ---- input: lines from fd 0 with read(2), so that Ctrl-C interrupts a wait ----------------- */
 
 typedef struct reader {
@@ -90,14 +64,14 @@ static int read_line(reader *r, char **out) {
     size_t n = 0, cap = 0;
     char *line = NULL;
     for (;;) {
-        if (g_sigint) {
+        if (cli_interrupted) {
             free(line);
             return IN_INTERRUPT;
         }
         if (r->pos == r->len) {
             if (r->eof) break;
             const ssize_t got = read(0, r->buf, sizeof r->buf);
-            if (got < 0 && errno == EINTR) continue; /* g_sigint says whether it was Ctrl-C */
+            if (got < 0 && errno == EINTR) continue; /* cli_interrupted: was it Ctrl-C? */
             if (got <= 0) {
                 r->eof = true;
                 break;
@@ -314,10 +288,12 @@ static bool convo_load(convo *c, const char *path) {
         return false;
     }
     free(text);
-    const cJSON *arr = cJSON_IsObject(doc) ? cJSON_GetObjectItemCaseSensitive(doc, "messages") : doc;
+    const cJSON *arr =
+        cJSON_IsObject(doc) ? cJSON_GetObjectItemCaseSensitive(doc, "messages") : doc;
     convo next = {0};
     bool ok = cJSON_IsArray(arr);
-    if (!ok) cli_error("/load: %s holds no list of messages ([{\"role\", \"content\"}, ...])", path);
+    if (!ok)
+        cli_error("/load: %s holds no list of messages ([{\"role\", \"content\"}, ...])", path);
     int i = 0;
     const cJSON *m;
     const cJSON *list = ok ? arr : NULL;
@@ -471,7 +447,7 @@ static bool answer(chat *c) {
     if (dropped)
         fprintf(stderr, "terrace: context: dropped the %zu oldest messages (%zu tokens) to make "
                         "room\n", dropped, freed);
-    gen_state g = {.sink = to_stdout, .tm = &c->tm, .interrupt = &g_sigint,
+    gen_state g = {.sink = to_stdout, .tm = &c->tm, .interrupt = &cli_interrupted,
                    .on_full = shift_context, .full_user = c};
     tr_sampler_reset(c->smp);
     const bool prefilled = sync_session(c, toks, n, &g);
@@ -485,7 +461,7 @@ static bool answer(chat *c) {
     }
     if (g.interrupted) {
         fprintf(stderr, "terrace: [interrupted]\n");
-        g_sigint = 0;
+        cli_interrupted = 0;
     }
     if (!prefilled && !g.interrupted) ok = false;
     if (prefilled && ok) {
@@ -593,7 +569,7 @@ static bool setup(chat *c) {
         cli_error("out of memory");
         return false;
     }
-    tr_session_set_abort(c->s, abort_on_sigint, NULL);
+    tr_session_set_abort(c->s, cli_abort_on_interrupt, NULL);
     return true;
 }
 
@@ -606,7 +582,7 @@ int cmd_chat(int argc, char **argv) {
     int rc = CLI_EXIT_ERROR;
     reader in = {.len = 0};
     if (!setup(&c)) goto out;
-    catch_sigint();
+    cli_catch_interrupt();
     const bool interactive = isatty(0) || !o.prompt;
     fprintf(stderr, "terrace: chat template %s, context %d tokens%s\n",
             tr_chat_style_name(c.style), c.n_ctx,
@@ -631,7 +607,7 @@ int cmd_chat(int argc, char **argv) {
             }
             if (st == IN_INTERRUPT) {
                 fputc('\n', stderr);
-                rc = CHAT_EXIT_INTERRUPT;
+                rc = CLI_EXIT_INTERRUPT;
                 break;
             }
             if (st == IN_NOMEM) {

@@ -3,23 +3,10 @@
  * load time, TTFT, prefill and decode speed, and peak memory (on stderr, so stdout is only the
  * text).
  */
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "generate.h"
-
-/* Ctrl-C stops the generation (also in the middle of a long prefill, through the session's abort
- * callback); the text so far and the summary are still printed, and the exit status is 130 */
-static volatile sig_atomic_t g_sigint;
-static void on_sigint(int sig) {
-    (void)sig;
-    g_sigint = 1;
-}
-static bool abort_on_sigint(void *user) {
-    (void)user;
-    return g_sigint != 0;
-}
 
 static void run_usage(FILE *f) {
     fprintf(f, "usage: terrace run -m MODEL.gguf (-p PROMPT | -f FILE) [options]\n\n"
@@ -77,9 +64,11 @@ int cmd_run(int argc, char **argv) {
         goto out;
     }
     tm.sess = s;
-    tr_session_set_abort(s, abort_on_sigint, NULL);
-    g.interrupt = &g_sigint;
-    signal(SIGINT, on_sigint);
+    /* Ctrl-C stops the generation (also in the middle of a long prefill); the text so far and
+     * the summary are still printed */
+    tr_session_set_abort(s, cli_abort_on_interrupt, NULL);
+    g.interrupt = &cli_interrupted;
+    cli_catch_interrupt();
     if ((int64_t)n_tok >= tr_session_n_ctx(s)) {
         cli_error("the prompt is %zu tokens but the context holds %d (raise -c, up to the model's "
                   "%d)", n_tok, tr_session_n_ctx(s), tr_model_n_ctx_train(ld.model));
@@ -107,7 +96,7 @@ int cmd_run(int argc, char **argv) {
     fputc('\n', stdout);
     fflush(stdout);
     gen_summary(&g, &ld, s);
-    rc = g.interrupted ? 130 : 0;
+    rc = g.interrupted ? CLI_EXIT_INTERRUPT : 0;
 out:
     telem_close(&tm);
     free(g.text);
