@@ -18,6 +18,10 @@ command -v aarch64-linux-gnu-gcc >/dev/null || need_pkgs+=(gcc-aarch64-linux-gnu
 # the cross compiler's C library headers are only a recommendation of its package
 [ -e /usr/aarch64-linux-gnu/include/stdio.h ] || need_pkgs+=(libc6-dev-arm64-cross)
 python3 -c 'import venv' 2>/dev/null || need_pkgs+=(python3-venv)
+# the install test: pkg-config flags, the man page's lint, the shared library's symbols
+command -v pkg-config >/dev/null || need_pkgs+=(pkgconf)
+command -v groff >/dev/null      || need_pkgs+=(groff-base)
+command -v nm >/dev/null         || need_pkgs+=(binutils)
 # the King James text of the real-model perplexity checks (tests/py/parity_real.py)
 command -v bible >/dev/null || need_pkgs+=(bible-kjv)
 
