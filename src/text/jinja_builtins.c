@@ -111,6 +111,8 @@ static jgen *gen_new(jrender *r, int kind, jv src) {
 
 static jv of_gen(jgen *g) { return (jv){.k = JV_GEN, .g = g}; }
 
+const char *jg_type_name(const jgen *g) { return g->type_name; }
+
 /* the next item of the generator's source */
 static bool src_next(jz *z, jgen *g, jv *out) {
     if (g->src.k == JV_GEN) return jg_next(z, g->src.g, out);
@@ -268,7 +270,7 @@ static const char *fname(int id) { return id >= 0 && id < FL_COUNT_ ? k_filters[
 /* bind a filter's arguments after its value */
 static void bind(jrender *r, const char *fn, const char *const *params, size_t np, size_t nreq,
                  const jlist *args, const jdict *kw, jv *out, bool *given) {
-    jb_bind(r, fn, params, np, nreq, args, kw, out, given);
+    jb_bind(r, fn, params, np, nreq, 1, args, kw, out, given);
 }
 
 static bool arg_true(jrender *r, const jv *a, const bool *g, size_t i) { return g[i] && jv_truthy(&r->z, a[i]); }
@@ -286,14 +288,65 @@ static int64_t py_len(jrender *r, jv v) {
     case JV_LIST: case JV_TUPLE: return (int64_t)v.l->n;
     case JV_DICT: return (int64_t)v.d->n;
     case JV_UNDEF: return 0;
-    case JV_LOOP: return (int64_t)v.loop->items->n;
-    default: jz_fail(&r->z, "TypeError", "object of type '%s' has no len()", v.k == JV_GEN ? v.g->type_name : jv_type_name(v));
+    case JV_LOOP:
+        jr_loop_have(r, v.loop, SIZE_MAX - 1);
+        return (int64_t)v.loop->items->n;
+    default: jz_fail(&r->z, "TypeError", "object of type '%s' has no len()", jv_type_name(v));
     }
 }
 
-/* a stable merge sort of keys (with their items) using < only, like Python's sort */
+static void swap_range(jv *a, size_t lo, size_t hi) {
+    for (; lo + 1 < hi; lo++, hi--) {
+        const jv t = a[lo];
+        a[lo] = a[hi - 1];
+        a[hi - 1] = t;
+    }
+}
+
+/* Python's list.sort for fewer than 64 items, comparison for comparison (count_run, then
+ * binary insertion), so that an unorderable pair fails with the same message */
+static void timsort_small(jrender *r, jv *items, jv *keys, size_t n) {
+    jz *z = &r->z;
+    if (n < 2) return;
+    size_t run = 2;
+    if (jv_lt(z, keys[1], keys[0], "<")) {
+        while (run < n && jv_lt(z, keys[run], keys[run - 1], "<")) run++;
+        swap_range(keys, 0, run);
+        swap_range(items, 0, run);
+    } else {
+        while (run < n && !jv_lt(z, keys[run], keys[run - 1], "<")) run++;
+    }
+    for (size_t start = run; start < n; start++) {
+        const jv pk = keys[start], pi = items[start];
+        size_t l = 0, h = start;
+        do {
+            const size_t p = l + ((h - l) >> 1);
+            if (jv_lt(z, pk, keys[p], "<")) h = p;
+            else l = p + 1;
+        } while (l < h);
+        memmove(keys + l + 1, keys + l, (start - l) * sizeof(jv));
+        memmove(items + l + 1, items + l, (start - l) * sizeof(jv));
+        keys[l] = pk;
+        items[l] = pi;
+    }
+}
+
+/* a stable sort of keys (with their items) using < only, like Python's sort; reverse as Python
+ * does it (reverse, sort, reverse), which keeps equal items in their order */
 static void sort_by(jrender *r, jv *items, jv *keys, size_t n, bool reverse) {
     jz *z = &r->z;
+    if (n < 64) {
+        if (reverse) {
+            swap_range(items, 0, n);
+            swap_range(keys, 0, n);
+        }
+        timsort_small(r, items, keys, n);
+        if (reverse) {
+            swap_range(items, 0, n);
+            swap_range(keys, 0, n);
+        }
+        return;
+    }
     jv *ti = jz_alloc(z, (n + 1) * sizeof(jv)), *tk = jz_alloc(z, (n + 1) * sizeof(jv));
     for (size_t w = 1; w < n; w *= 2) {
         for (size_t lo = 0; lo < n; lo += 2 * w) {
@@ -398,10 +451,7 @@ static bool parse_float_str(const jstr *s, double *out) {
 
 static jv round_float(jrender *r, jv v, int64_t prec, const char *method) {
     jz *z = &r->z;
-    if (!jv_is_num(v)) {
-        if (v.k == JV_UNDEF) jv_fail_undefined(z, v);
-        jz_fail(z, "TypeError", "type %s doesn't define __round__ method", jv_type_name(v));
-    }
+    if (!jv_is_num(v)) jz_fail(z, "TypeError", "type %s doesn't define __round__ method", jv_type_name(v));
     if (!strcmp(method, "common")) {
         if (v.k != JV_FLOAT) {
             if (prec >= 0) return jv_int(v.k == JV_BOOL ? v.b : v.i);
@@ -524,7 +574,13 @@ static jv indent_filter(jrender *r, jv v, const jlist *args, const jdict *kw) {
     jv a[3];
     bool g[3];
     bind(r, "do_indent", P, 3, 0, args, kw, a, g);
-    const jstr *s = jb_soft_str(r, v);
+    /* do_indent appends a newline to its argument as it is: a non-string fails there */
+    if (v.k == JV_UNDEF) jv_fail_undefined(z, v);
+    if (v.k == JV_LIST && v.l->view == JL_PLAIN) /* list += "\n" extends it; then .splitlines() */
+        jz_fail(z, "AttributeError", "'list' object has no attribute 'splitlines'");
+    if (v.k == JV_TUPLE) jz_fail(z, "TypeError", "can only concatenate tuple (not \"str\") to tuple");
+    if (v.k != JV_STR) jz_fail(z, "TypeError", "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+    const jstr *s = v.s;
     jstr *ind;
     if (g[0] && a[0].k == JV_STR) ind = a[0].s;
     else {
@@ -619,7 +675,6 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
         }
         if (v.k == JV_BOOL) return jv_int(v.b);
         if (v.k == JV_FLOAT) return jv_float(fabs(v.f));
-        if (v.k == JV_UNDEF) jv_fail_undefined(z, v);
         jz_fail(z, "TypeError", "bad operand type for abs(): '%s'", jv_type_name(v));
     case FL_ATTR: {
         static const char *const P[] = {"name"};
@@ -950,48 +1005,52 @@ bool jb_test(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
     bool g[2];
     static const char *const ONE[] = {"other"};
     switch (id) {
-    case TS_DEFINED: jb_bind(r, "test_defined", NULL, 0, 0, args, kw, a, g); return v.k != JV_UNDEF;
-    case TS_UNDEFINED: jb_bind(r, "test_undefined", NULL, 0, 0, args, kw, a, g); return v.k == JV_UNDEF;
-    case TS_NONE: jb_bind(r, "test_none", NULL, 0, 0, args, kw, a, g); return v.k == JV_NONE;
-    case TS_BOOLEAN: jb_bind(r, "test_boolean", NULL, 0, 0, args, kw, a, g); return v.k == JV_BOOL;
-    case TS_FALSE: jb_bind(r, "test_false", NULL, 0, 0, args, kw, a, g); return v.k == JV_BOOL && !v.b;
-    case TS_TRUE: jb_bind(r, "test_true", NULL, 0, 0, args, kw, a, g); return v.k == JV_BOOL && v.b;
-    case TS_INTEGER: jb_bind(r, "test_integer", NULL, 0, 0, args, kw, a, g); return v.k == JV_INT;
-    case TS_FLOAT: jb_bind(r, "test_float", NULL, 0, 0, args, kw, a, g); return v.k == JV_FLOAT;
-    case TS_NUMBER: jb_bind(r, "test_number", NULL, 0, 0, args, kw, a, g); return is_number(v);
-    case TS_STRING: jb_bind(r, "test_string", NULL, 0, 0, args, kw, a, g); return v.k == JV_STR;
-    case TS_MAPPING: jb_bind(r, "test_mapping", NULL, 0, 0, args, kw, a, g); return v.k == JV_DICT;
+    case TS_DEFINED: jb_bind(r, "test_defined", NULL, 0, 0, 1, args, kw, a, g); return v.k != JV_UNDEF;
+    case TS_UNDEFINED: jb_bind(r, "test_undefined", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_UNDEF;
+    case TS_NONE: jb_bind(r, "test_none", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_NONE;
+    case TS_BOOLEAN: jb_bind(r, "test_boolean", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_BOOL;
+    case TS_FALSE: jb_bind(r, "test_false", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_BOOL && !v.b;
+    case TS_TRUE: jb_bind(r, "test_true", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_BOOL && v.b;
+    case TS_INTEGER: jb_bind(r, "test_integer", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_INT;
+    case TS_FLOAT: jb_bind(r, "test_float", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_FLOAT;
+    case TS_NUMBER: jb_bind(r, "test_number", NULL, 0, 0, 1, args, kw, a, g); return is_number(v);
+    case TS_STRING: jb_bind(r, "test_string", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_STR;
+    case TS_MAPPING: jb_bind(r, "test_mapping", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_DICT;
     case TS_SEQUENCE:
-        jb_bind(r, "test_sequence", NULL, 0, 0, args, kw, a, g);
+        jb_bind(r, "test_sequence", NULL, 0, 0, 1, args, kw, a, g);
         return v.k == JV_STR || v.k == JV_DICT || v.k == JV_UNDEF ||
                (jv_is_seq(v) && (v.l->view == JL_PLAIN || v.l->view == JL_RANGE));
     case TS_ITERABLE:
-        jb_bind(r, "test_iterable", NULL, 0, 0, args, kw, a, g);
+        jb_bind(r, "test_iterable", NULL, 0, 0, 1, args, kw, a, g);
         return v.k == JV_STR || jv_is_seq(v) || v.k == JV_DICT || v.k == JV_GEN || v.k == JV_UNDEF || v.k == JV_LOOP;
     case TS_CALLABLE:
-        jb_bind(r, "callable", NULL, 0, 0, args, kw, a, g);
+        if (args->n || kw->n)
+            jz_fail(z, "TypeError", kw->n ? "callable() takes no keyword arguments"
+                                          : "callable() takes exactly one argument (%zu given)", args->n + 1);
         return v.k == JV_FUNC || v.k == JV_MACRO || v.k == JV_LOOP || v.k == JV_JOINER || v.k == JV_UNDEF;
-    case TS_ESCAPED: jb_bind(r, "test_escaped", NULL, 0, 0, args, kw, a, g); return false;
-    case TS_LOWER: jb_bind(r, "test_lower", NULL, 0, 0, args, kw, a, g); return js_islower(jb_soft_str(r, v));
-    case TS_UPPER: jb_bind(r, "test_upper", NULL, 0, 0, args, kw, a, g); return js_isupper(jb_soft_str(r, v));
+    case TS_ESCAPED: jb_bind(r, "test_escaped", NULL, 0, 0, 1, args, kw, a, g); return false;
+    case TS_LOWER: jb_bind(r, "test_lower", NULL, 0, 0, 1, args, kw, a, g); return js_islower(jb_soft_str(r, v));
+    case TS_UPPER: jb_bind(r, "test_upper", NULL, 0, 0, 1, args, kw, a, g); return js_isupper(jb_soft_str(r, v));
     case TS_ODD:
     case TS_EVEN: {
-        jb_bind(r, id == TS_ODD ? "test_odd" : "test_even", NULL, 0, 0, args, kw, a, g);
+        jb_bind(r, id == TS_ODD ? "test_odd" : "test_even", NULL, 0, 0, 1, args, kw, a, g);
         const jv m = jb_mod(r, v, jv_int(2));
         return jv_eq(z, m, jv_int(id == TS_ODD ? 1 : 0));
     }
     case TS_DIVISIBLEBY: {
         static const char *const P[] = {"num"};
-        jb_bind(r, "test_divisibleby", P, 1, 1, args, kw, a, g);
+        jb_bind(r, "test_divisibleby", P, 1, 1, 1, args, kw, a, g);
         return jv_eq(z, jb_mod(r, v, a[0]), jv_int(0));
     }
     case TS_FILTER:
     case TS_TEST:
-        jb_bind(r, id == TS_FILTER ? "test_filter" : "test_test", NULL, 0, 0, args, kw, a, g);
+        /* pass_environment: the environment counts as a positional argument */
+        jb_bind(r, id == TS_FILTER ? "test_filter" : "test_test", NULL, 0, 0, 2, args, kw, a, g);
+        jv_check_hashable(z, v); /* `value in environment.filters` hashes it */
         if (v.k != JV_STR) return false;
         return id == TS_FILTER ? jb_filter_id(v.s->p) >= 0 : jb_test_id(v.s->p) >= 0;
     case TS_SAMEAS: {
-        jb_bind(r, "test_sameas", ONE, 1, 1, args, kw, a, g);
+        jb_bind(r, "test_sameas", ONE, 1, 1, 1, args, kw, a, g);
         const jv o = a[0];
         if (v.k == JV_NONE || o.k == JV_NONE) return v.k == o.k;
         if (v.k == JV_BOOL || o.k == JV_BOOL) return v.k == o.k && v.b == o.b;
@@ -1005,26 +1064,26 @@ bool jb_test(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
     }
     case TS_IN: {
         static const char *const P[] = {"seq"};
-        jb_bind(r, "test_in", P, 1, 1, args, kw, a, g);
+        jb_bind(r, "test_in", P, 1, 1, 1, args, kw, a, g);
         return jb_in(r, v, a[0]);
     }
     case TS_EQ1: case TS_EQ: case TS_EQUALTO:
-        jb_bind(r, "eq", ONE, 1, 1, args, kw, a, g);
+        jb_bind(r, "eq", ONE, 1, 1, 1, args, kw, a, g);
         return jv_eq(z, v, a[0]);
     case TS_NE1: case TS_NE:
-        jb_bind(r, "ne", ONE, 1, 1, args, kw, a, g);
+        jb_bind(r, "ne", ONE, 1, 1, 1, args, kw, a, g);
         return !jv_eq(z, v, a[0]);
     case TS_GT1: case TS_GT: case TS_GREATERTHAN:
-        jb_bind(r, "gt", ONE, 1, 1, args, kw, a, g);
+        jb_bind(r, "gt", ONE, 1, 1, 1, args, kw, a, g);
         return jv_lt(z, v, a[0], ">");
     case TS_GE: case TS_GE1:
-        jb_bind(r, "ge", ONE, 1, 1, args, kw, a, g);
+        jb_bind(r, "ge", ONE, 1, 1, 1, args, kw, a, g);
         return jv_lt(z, v, a[0], ">=");
     case TS_LT1: case TS_LT: case TS_LESSTHAN:
-        jb_bind(r, "lt", ONE, 1, 1, args, kw, a, g);
+        jb_bind(r, "lt", ONE, 1, 1, 1, args, kw, a, g);
         return jv_lt(z, v, a[0], "<");
     case TS_LE1: case TS_LE:
-        jb_bind(r, "le", ONE, 1, 1, args, kw, a, g);
+        jb_bind(r, "le", ONE, 1, 1, 1, args, kw, a, g);
         return jv_lt(z, v, a[0], "<=");
     default: break;
     }

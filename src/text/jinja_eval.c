@@ -30,9 +30,19 @@ static void step(jrender *r, const jnode *n) {
 
 /* ---- frames ----------------------------------------------------------------------------------- */
 
-static jframe *frame_new(jrender *r, jframe *parent) {
+/* what a "missing" name holds in its frame (see jscope) */
+static jundef k_missing;
+
+static void frame_set(jrender *r, jframe *f, int sym, jv v);
+
+static void frame_enter(jrender *r, jframe *f, const jscope *sc) {
+    for (size_t i = 0; sc && i < sc->n; i++) frame_set(r, f, sc->missing[i], (jv){.k = JV_UNDEF, .u = &k_missing});
+}
+
+static jframe *frame_new(jrender *r, jframe *parent, const jscope *sc) {
     jframe *f = jz_alloc(&r->z, sizeof *f);
     f->parent = parent;
+    frame_enter(r, f, sc);
     return f;
 }
 
@@ -57,7 +67,11 @@ static void frame_set(jrender *r, jframe *f, int sym, jv v) {
 static jv lookup(jrender *r, const jframe *f, int sym) {
     for (; f; f = f->parent)
         for (size_t i = 0; i < f->n; i++)
-            if (f->syms[i] == sym) return f->vals[i];
+            if (f->syms[i] == sym) {
+                if (f->vals[i].k == JV_UNDEF && f->vals[i].u == &k_missing)
+                    return jv_undef_named(&r->z, r->t->syms[sym].name->p);
+                return f->vals[i];
+            }
     if (r->root_ok[sym]) return r->root[sym];
     return jv_undef_named(&r->z, r->t->syms[sym].name->p);
 }
@@ -248,6 +262,10 @@ static jv str_format(jrender *r, jstr *fmt, jv args) {
     jz *z = &r->z;
     jlist *list = NULL;
     jdict *map = NULL;
+    /* Python treats a right side with __getitem__ (dict, list, Undefined, range) that is not a
+     * tuple or str as a mapping: then unused arguments are no error */
+    const bool mapping_like = args.k == JV_DICT || args.k == JV_UNDEF ||
+                              (args.k == JV_LIST && (args.l->view == JL_PLAIN || args.l->view == JL_RANGE));
     if (args.k == JV_TUPLE) list = args.l;
     else if (args.k == JV_DICT) map = args.d;
     size_t ai = 0;
@@ -267,8 +285,12 @@ static jv str_format(jrender *r, jstr *fmt, jv args) {
             const size_t start = ++i;
             while (i < n && s[i] != ')') i++;
             if (i >= n) jz_fail(z, "ValueError", "incomplete format key");
-            if (!map) jz_fail(z, "TypeError", "format requires a mapping");
             const jv key = jv_str(z, s + start, i - start);
+            if (args.k == JV_UNDEF) jv_fail_undefined(z, args);
+            if (!map) {
+                if (args.k == JV_LIST) jz_fail(z, "TypeError", "list indices must be integers or slices, not str");
+                jz_fail(z, "TypeError", "format requires a mapping");
+            }
             if (!jd_get(z, map, key, &arg)) {
                 jbuf k = {0};
                 jv_write_repr(z, &k, key);
@@ -345,12 +367,16 @@ static jv str_format(jrender *r, jstr *fmt, jv args) {
         if (left)
             for (int k = (int)len; k < width; k++) jb_putc(z, &b, ' ');
     }
-    if ((list && ai < list->n) || (!list && !map && !single_used && args.k != JV_DICT))
+    if ((list && ai < list->n) || (!list && !mapping_like && !single_used))
         jz_fail(z, "TypeError", "not all arguments converted during string formatting");
     return jv_str(z, b.p, b.len);
 }
 
+static bool is_view(jv v) { return v.k == JV_LIST && (v.l->view == JL_KEYS || v.l->view == JL_ITEMS); }
+
 static jv binop(jrender *r, jop op, jv a, jv b) {
+    if ((is_view(a) || is_view(b)) && op != JOP_MOD && op != JOP_POW && a.k != JV_UNDEF && b.k != JV_UNDEF)
+        jz_unsupported(&r->z, "set operations on dict views (keys(), items())");
     switch (op) {
     case JOP_ADD: return py_add(r, a, b);
     case JOP_SUB: return py_sub(r, a, b);
@@ -370,10 +396,8 @@ static bool contains(jrender *r, jv needle, jv hay) {
     jz *z = &r->z;
     switch ((jv_kind)hay.k) {
     case JV_STR:
-        if (needle.k != JV_STR) {
-            if (needle.k == JV_UNDEF) jv_fail_undefined(z, needle);
+        if (needle.k != JV_STR)
             jz_fail(z, "TypeError", "'in <string>' requires string as left operand, not %s", jv_type_name(needle));
-        }
         if (needle.s->len == 0) return true;
         return memmem(hay.s->p, hay.s->len, needle.s->p, needle.s->len) != NULL;
     case JV_LIST:
@@ -479,10 +503,13 @@ static bool slice_index(jrender *r, jv v, int64_t *out) {
 jv jr_slice(jrender *r, jv obj, jv start, jv stop, jv step) {
     jz *z = &r->z;
     if (obj.k == JV_UNDEF) jv_fail_undefined(z, obj);
+    /* jinja2 compiles a slice to Python's obj[a:b:c], not the sandbox's getitem: Python's errors */
     size_t len;
     if (obj.k == JV_STR) len = obj.s->ncp;
     else if (jv_is_seq(obj) && (obj.l->view == JL_PLAIN || obj.l->view == JL_RANGE)) len = obj.l->n;
-    else {
+    else if (r->folding) {
+        /* jinja2's optimizer folds a constant subscript through the sandbox's getitem, which
+         * turns the TypeError into an Undefined */
         jbuf b = {0};
         jb_puts(z, &b, "slice(");
         jv_write_repr(z, &b, start);
@@ -491,16 +518,11 @@ jv jr_slice(jrender *r, jv obj, jv start, jv stop, jv step) {
         jb_puts(z, &b, ", ");
         jv_write_repr(z, &b, step);
         jb_puts(z, &b, ")");
-        jundef *u = ju_undef(z, NULL);
-        u->has_obj = true;
-        u->obj = obj;
-        u->name = jv_str(z, b.p, b.len);
-        /* jinja2 words it "has no element slice(...)": the name is not a str */
         jbuf m = {0};
         jb_printf(z, &m, "%s has no element %s", jv_type_repr(z, obj), b.p);
-        u->hint = m.p;
-        return (jv){.k = JV_UNDEF, .u = u};
-    }
+        return jv_undef_hint(z, m.p);
+    } else if (obj.k == JV_DICT) jz_fail(z, "TypeError", "unhashable type: 'slice'");
+    else jz_fail(z, "TypeError", "'%s' object is not subscriptable", obj.k == JV_GEN ? "generator" : jv_type_name(obj));
     int64_t st = 1, a, b;
     if (slice_index(r, step, &st) && st == 0) jz_fail(z, "ValueError", "slice step cannot be zero");
     const int64_t n = (int64_t)len;
@@ -608,7 +630,7 @@ static jv call_macro(jrender *r, const jmacro *m, jlist *args, jdict *kw) {
     const size_t np = mn->macro.nparams;
     const char *mname = mn->macro.name->p;
     if (++z->depth > 100) jz_fail(z, "RecursionError", "maximum recursion depth exceeded (macro calls nested more than 100 deep)");
-    jframe *f = frame_new(r, m->closure);
+    jframe *f = frame_new(r, m->closure, &m->scope_node->sc);
     jv *vals = jz_alloc(z, (np + 1) * sizeof(jv));
     bool *given = jz_alloc(z, np + 1);
     size_t npos = args->n < np ? args->n : np;
@@ -704,12 +726,22 @@ static jv apply_filters(jrender *r, jframe *f, const jnode *n, jv innermost) {
     jdict *kw;
     eval_args(r, f, &n->filter.args, &pos, &kw);
     r->z.line = n->line;
+    if (n->filter.id < 0) jz_fail(&r->z, "TemplateRuntimeError", "No filter named '%s' found.", n->filter.name->p);
     return jb_filter(r, n->filter.id, n->filter.name->p, v, pos, kw);
 }
+
+static bool filter_foldable(const jnode *n);
+
+/* folding: what jinja2's as_const cannot evaluate */
+static _Noreturn void impossible(jrender *r) { jz_fail(&r->z, "Impossible", "not a constant"); }
 
 static jv eval(jrender *r, jframe *f, const jnode *n) {
     jz *z = &r->z;
     step(r, n);
+    if (r->folding) {
+        if (n->kind == JN_NAME || n->kind == JN_NSREF || n->kind == JN_CALL) impossible(r);
+        if ((n->kind == JN_FILTER || n->kind == JN_TEST) && !filter_foldable(n)) impossible(r);
+    }
     switch ((jn_kind)n->kind) {
     case JN_CONST: return n->value;
     case JN_NAME: return lookup(r, f, n->name.sym);
@@ -763,6 +795,8 @@ static jv eval(jrender *r, jframe *f, const jnode *n) {
         jdict *kw;
         eval_args(r, f, &n->filter.args, &pos, &kw);
         r->z.line = n->line;
+        /* jinja2 calls a stub that raises, once the arguments are evaluated */
+        if (n->filter.id < 0) jz_fail(z, "TemplateRuntimeError", "No filter named '%s' found.", n->filter.name->p);
         return jb_filter(r, n->filter.id, n->filter.name->p, v, pos, kw);
     }
     case JN_TEST: {
@@ -771,6 +805,7 @@ static jv eval(jrender *r, jframe *f, const jnode *n) {
         jdict *kw;
         eval_args(r, f, &n->filter.args, &pos, &kw);
         r->z.line = n->line;
+        if (n->filter.id < 0) jz_fail(z, "TemplateRuntimeError", "No test named '%s' found.", n->filter.name->p);
         return jv_bool(jb_test(r, n->filter.id, n->filter.name->p, v, pos, kw));
     }
     case JN_NOT: return jv_bool(!jv_truthy(z, eval(r, f, n->bin.a)));
@@ -819,6 +854,7 @@ static jv eval(jrender *r, jframe *f, const jnode *n) {
     case JN_CONDEXPR:
         if (jv_truthy(z, eval(r, f, n->cond.cond))) return eval(r, f, n->cond.a);
         if (n->cond.b) return eval(r, f, n->cond.b);
+        if (r->folding) impossible(r);
         {
             jbuf b = {0};
             jb_printf(z, &b, "the inline if-expression on line %d evaluated to false and no else section was defined.", n->line);
@@ -845,6 +881,8 @@ static void assign(jrender *r, jframe *f, const jnode *target, jv v) {
     }
     /* tuple unpacking */
     if (v.k == JV_UNDEF) jv_fail_undefined(z, v);
+    if (v.k != JV_STR && !jv_is_seq(v) && v.k != JV_DICT && v.k != JV_GEN)
+        jz_fail(z, "TypeError", "cannot unpack non-iterable %s object", jv_type_name(v));
     const jlist *l = jv_iter_list(z, v);
     const size_t want = target->items.n;
     if (l->n < want) jz_fail(z, "ValueError", "not enough values to unpack (expected %zu, got %zu)", want, l->n);
@@ -854,35 +892,82 @@ static void assign(jrender *r, jframe *f, const jnode *target, jv v) {
 
 /* ---- statements ------------------------------------------------------------------------------- */
 
+/* a fresh scope for the next loop iteration: the last one's storage unless a macro kept it */
+static jframe *iteration_frame(jrender *r, jframe *f, jframe *last, const jscope *sc) {
+    if (!last || last->captured) return frame_new(r, f, sc);
+    last->n = 0;
+    frame_enter(r, last, sc);
+    return last;
+}
+
+/* one more item from the loop's source through its `if`; false at the end */
+static bool loop_pull(jrender *r, jloop *l) {
+    jz *z = &r->z;
+    const jnode *n = l->node;
+    while (!l->src_done) {
+        jv x;
+        if (l->src.k == JV_GEN) {
+            if (!jg_next(z, l->src.g, &x)) break;
+        } else {
+            if (l->src_pos >= l->src_list->n) break;
+            x = l->src_list->v[l->src_pos++];
+        }
+        if (n->for_.filter) {
+            step(r, n);
+            l->test_frame = iteration_frame(r, l->frame, l->test_frame, NULL);
+            assign(r, l->test_frame, n->for_.target, x);
+            if (!jv_truthy(z, eval(r, l->test_frame, n->for_.filter))) continue;
+        }
+        jl_push(z, l->items, x);
+        return true;
+    }
+    l->src_done = true;
+    return false;
+}
+
+bool jr_loop_have(jrender *r, jloop *l, size_t k) {
+    while (l->items->n <= k)
+        if (!loop_pull(r, l)) return false;
+    return true;
+}
+
 static int exec_for(jrender *r, jframe *f, const jnode *n, jv iterable, int depth0, jbuf *out) {
     jz *z = &r->z;
-    jlist *items = jv_iter_list(z, iterable);
-    if (n->for_.filter) {
-        jlist *kept = jl_new(z, items->n);
-        for (size_t i = 0; i < items->n; i++) {
-            jframe *tf = frame_new(r, f);
-            assign(r, tf, n->for_.target, items->v[i]);
-            if (jv_truthy(z, eval(r, tf, n->for_.filter))) jl_push(z, kept, items->v[i]);
-        }
-        items = kept;
-    }
     int loop_sym = -1;
     for (size_t i = 0; i < r->t->nsyms; i++)
         if (js_eqc(r->t->syms[i].name, "loop")) loop_sym = (int)i;
     jloop *loop = jz_alloc(z, sizeof *loop);
-    loop->items = items;
     loop->depth0 = depth0;
     loop->node = n;
     loop->frame = f;
-    for (size_t i = 0; i < items->n; i++) {
-        loop->index0 = i;
-        jframe *it = frame_new(r, f);
-        r->z.line = n->line;
-        assign(r, it, n->for_.target, items->v[i]);
-        if (loop_sym >= 0) frame_set(r, it, loop_sym, (jv){.k = JV_LOOP, .loop = loop});
-        if (exec_body(r, it, &n->for_.body, out) == X_BREAK) break;
+    loop->src = iterable;
+    if (iterable.k == JV_GEN) {
+        loop->items = jl_new(z, 0);
+    } else {
+        loop->src_list = jv_iter_list(z, iterable);
+        if (n->for_.filter) {
+            loop->items = jl_new(z, 0);
+        } else {
+            loop->items = (jlist *)loop->src_list;
+            loop->src_done = true;
+        }
     }
-    if (items->n == 0 && n->for_.else_.n) exec_body(r, frame_new(r, f), &n->for_.else_, out);
+    jframe *it = NULL;
+    /* jinja2 marks an iteration at the end of its body, so the else runs unless some iteration
+     * got there (one ended by break or continue does not count) */
+    bool completed = false;
+    for (size_t i = 0; jr_loop_have(r, loop, i); i++) {
+        step(r, n); /* an empty body must not make a loop free */
+        loop->index0 = i;
+        it = iteration_frame(r, f, it, &n->sc);
+        r->z.line = n->line;
+        assign(r, it, n->for_.target, loop->items->v[i]);
+        if (loop_sym >= 0) frame_set(r, it, loop_sym, (jv){.k = JV_LOOP, .loop = loop});
+        const int x = exec_body(r, it, &n->for_.body, out);
+        if (x == X_NORMAL) completed = true;
+        if (x == X_BREAK) break;
+    }
+    if (!completed && n->for_.else_.n) exec_body(r, frame_new(r, f, &n->sc_else), &n->for_.else_, out);
     return X_NORMAL;
 }
 
@@ -924,7 +1009,7 @@ static int exec(jrender *r, jframe *f, const jnode *n, jbuf *out) {
     case JN_SETBLOCK: {
         jbuf b = {0};
         jb_put(z, &b, "", 0);
-        exec_body(r, frame_new(r, f), &n->setblock.body, &b);
+        exec_body(r, frame_new(r, f, &n->sc), &n->setblock.body, &b);
         jv v = jv_str(z, b.p, b.len);
         if (n->setblock.filter) v = apply_filters(r, f, n->setblock.filter, v);
         r->z.line = n->line;
@@ -934,14 +1019,18 @@ static int exec(jrender *r, jframe *f, const jnode *n, jbuf *out) {
     case JN_MACRO: {
         jmacro *m = jz_alloc(z, sizeof *m);
         m->node = n;
+        m->scope_node = n;
         m->closure = f;
+        for (jframe *g = f; g; g = g->parent) g->captured = true;
         frame_set(r, f, n->macro.sym, (jv){.k = JV_MACRO, .m = m});
         return X_NORMAL;
     }
     case JN_CALLBLOCK: {
         jmacro *caller = jz_alloc(z, sizeof *caller);
         caller->node = n->callblock.macro;
+        caller->scope_node = n;
         caller->closure = f;
+        for (jframe *g = f; g; g = g->parent) g->captured = true;
         const jnode *call = n->callblock.call;
         const jv fn = eval(r, f, call->call.fn);
         jlist *pos;
@@ -955,14 +1044,14 @@ static int exec(jrender *r, jframe *f, const jnode *n, jbuf *out) {
     case JN_FILTERBLOCK: {
         jbuf b = {0};
         jb_put(z, &b, "", 0);
-        jframe *inner = frame_new(r, f);
+        jframe *inner = frame_new(r, f, &n->sc);
         exec_body(r, inner, &n->filterblock.body, &b);
         const jv v = apply_filters(r, inner, n->filterblock.filter, jv_str(z, b.p, b.len));
         jv_write_str(z, out, v);
         return X_NORMAL;
     }
     case JN_WITH: {
-        jframe *inner = frame_new(r, f);
+        jframe *inner = frame_new(r, f, &n->sc);
         for (size_t i = 0; i < n->with.n; i++) {
             const jv v = eval(r, f, n->with.values[i]);
             assign(r, inner, n->with.targets[i], v);
@@ -971,7 +1060,7 @@ static int exec(jrender *r, jframe *f, const jnode *n, jbuf *out) {
     }
     case JN_BREAK: return X_BREAK;
     case JN_CONTINUE: return X_CONTINUE;
-    case JN_SCOPE: exec_body(r, frame_new(r, f), &n->scope.body, out); return X_NORMAL;
+    case JN_SCOPE: exec_body(r, frame_new(r, f, &n->sc), &n->scope.body, out); return X_NORMAL;
     case JN_UNSUPPORTED_STMT: jz_unsupported(z, "%s", n->unsupported.what->p);
     default: break;
     }
@@ -985,6 +1074,217 @@ static int exec_body(jrender *r, jframe *f, const jnodes *body, jbuf *out) {
     }
     return X_NORMAL;
 }
+
+/* ---- constant folding ------------------------------------------------------------------------- */
+
+/*
+ * jinja2 folds expressions made of constants at compile time and keeps the result when its
+ * repr is safe (None, bools, numbers, strings, and lists, tuples, dicts of those); a printed
+ * expression is folded whatever its value, as str() of it. The difference this makes is the
+ * folding's subscript: it goes through the sandbox's getitem, so a slice of a number folds to an
+ * Undefined (printing as '') where the same slice at run time raises TypeError.
+ */
+static bool filter_foldable(const jnode *n) {
+    static const char *const context_filters[] = {"map", "select", "reject", "selectattr", "rejectattr", "random", NULL};
+    if (n->filter.id < 0 || !n->filter.obj || n->filter.args.star || n->filter.args.dstar) return false;
+    if (n->kind == JN_FILTER)
+        for (const char *const *c = context_filters; *c; c++)
+            if (js_eqc(n->filter.name, *c)) return false;
+    return true;
+}
+
+/* the expressions jinja2's as_const knows (names, calls and context filters fail inside) */
+static bool foldable(const jnode *n) {
+    switch ((jn_kind)n->kind) {
+    case JN_LIST: case JN_TUPLE: case JN_CONCAT: case JN_DICT: case JN_GETATTR: case JN_GETITEM:
+    case JN_FILTER: case JN_TEST: case JN_NOT: case JN_NEG: case JN_POS: case JN_BINOP: case JN_AND:
+    case JN_OR: case JN_COMPARE: case JN_CONDEXPR:
+        return true;
+    default: return false;
+    }
+}
+
+/* a cheap test first: no constant subtree without short circuits has names or calls */
+static bool maybe_const(const jnode *n) {
+    if (!n) return true;
+    switch ((jn_kind)n->kind) {
+    case JN_CONST: return true;
+    case JN_NAME: case JN_NSREF: case JN_CALL: return false;
+    case JN_AND: case JN_OR: return maybe_const(n->bin.a);
+    case JN_CONDEXPR: return maybe_const(n->cond.cond);
+    case JN_LIST: case JN_TUPLE: case JN_CONCAT:
+        for (size_t i = 0; i < n->items.n; i++)
+            if (!maybe_const(n->items.v[i])) return false;
+        return true;
+    case JN_DICT:
+        for (size_t i = 0; i < n->dict.keys.n; i++)
+            if (!maybe_const(n->dict.keys.v[i]) || !maybe_const(n->dict.vals.v[i])) return false;
+        return true;
+    case JN_GETATTR: return maybe_const(n->getattr.obj);
+    case JN_GETITEM: return maybe_const(n->getitem.obj) && maybe_const(n->getitem.arg);
+    case JN_SLICE: return maybe_const(n->slice.start) && maybe_const(n->slice.stop) && maybe_const(n->slice.step);
+    case JN_FILTER: case JN_TEST:
+        if (!filter_foldable(n) || !maybe_const(n->filter.obj)) return false;
+        for (size_t i = 0; i < n->filter.args.pos.n; i++)
+            if (!maybe_const(n->filter.args.pos.v[i])) return false;
+        for (size_t i = 0; i < n->filter.args.nkw; i++)
+            if (!maybe_const(n->filter.args.kw[i].value)) return false;
+        return true;
+    case JN_NOT: case JN_NEG: case JN_POS: return maybe_const(n->bin.a);
+    case JN_BINOP: return maybe_const(n->bin.a) && maybe_const(n->bin.b);
+    case JN_COMPARE:
+        if (!maybe_const(n->cmp.first)) return false;
+        for (size_t i = 0; i < n->cmp.n; i++)
+            if (!maybe_const(n->cmp.rest[i])) return false;
+        return true;
+    default: return false;
+    }
+}
+
+static bool safe_repr(jv v) {
+    switch ((jv_kind)v.k) {
+    case JV_NONE: case JV_BOOL: case JV_INT: case JV_FLOAT: case JV_STR: return true;
+    case JV_LIST:
+        if (v.l->view == JL_RANGE) return true;
+        if (v.l->view != JL_PLAIN) return false;
+        /* fall through */
+    case JV_TUPLE:
+        for (size_t i = 0; i < v.l->n; i++)
+            if (!safe_repr(v.l->v[i])) return false;
+        return true;
+    case JV_DICT:
+        for (size_t i = 0; i < v.d->n; i++)
+            if (!safe_repr(v.d->keys[i]) || !safe_repr(v.d->vals[i])) return false;
+        return true;
+    default: return false;
+    }
+}
+
+/* a copy of a safe value in the template's arena */
+static jv copy_value(jz *z, jv v) {
+    switch ((jv_kind)v.k) {
+    case JV_STR: return jv_of_str(js_new(z, v.s->p, v.s->len));
+    case JV_LIST:
+    case JV_TUPLE: {
+        jlist *l = jl_new(z, v.l->n);
+        for (size_t i = 0; i < v.l->n; i++) l->v[l->n++] = copy_value(z, v.l->v[i]);
+        l->view = v.l->view;
+        l->r_start = v.l->r_start;
+        l->r_stop = v.l->r_stop;
+        l->r_step = v.l->r_step;
+        return (jv){.k = v.k, .l = l};
+    }
+    case JV_DICT: {
+        jdict *d = jd_new(z, v.d->n);
+        for (size_t i = 0; i < v.d->n; i++) {
+            d->keys[i] = copy_value(z, v.d->keys[i]);
+            d->vals[i] = copy_value(z, v.d->vals[i]);
+        }
+        d->n = v.d->n;
+        return jv_of_dict(d);
+    }
+    default: return v;
+    }
+}
+
+/* evaluates a foldable node; false when jinja2's as_const would give up (an exception) */
+static bool fold_eval(const tr_jinja *t, const jnode *n, bool printed, jz *keep, jv *out) {
+    jrender *r = calloc(1, sizeof *r);
+    if (!r) return false;
+    jz_init(&r->z, (size_t)16 << 20);
+    r->z.step_limit = 100000;
+    r->t = t;
+    r->folding = true;
+    r->root_ok = jz_alloc(&r->z, t->nsyms + 1);
+    r->root = jz_alloc(&r->z, (t->nsyms + 1) * sizeof(jv));
+    bool ok = false;
+    if (!setjmp(r->z.jb)) {
+        const jv v = eval(r, NULL, n);
+        if (printed) {
+            const jstr *s = jv_to_str(&r->z, v);
+            *out = jv_of_str(js_new(keep, s->p, s->len));
+            ok = true;
+        } else if (safe_repr(v)) {
+            *out = copy_value(keep, v);
+            ok = true;
+        }
+    }
+    jz_free(&r->z);
+    free(r);
+    return ok;
+}
+
+static void fold(tr_jinja *t, jnode *n);
+
+static void fold_list(tr_jinja *t, jnodes *v) {
+    for (size_t i = 0; i < v->n; i++) fold(t, v->v[i]);
+}
+
+static void fold_args(tr_jinja *t, jargs *a) {
+    fold_list(t, &a->pos);
+    for (size_t i = 0; i < a->nkw; i++) fold(t, a->kw[i].value);
+    if (a->star) fold(t, a->star);
+    if (a->dstar) fold(t, a->dstar);
+}
+
+static void fold(tr_jinja *t, jnode *n) {
+    if (!n) return;
+    switch ((jn_kind)n->kind) {
+    case JN_OUTPUT:
+        fold_list(t, &n->items);
+        for (size_t i = 0; i < n->items.n; i++) {
+            jnode *c = n->items.v[i];
+            jv v;
+            if (c->kind != JN_CONST && foldable(c) && maybe_const(c) && fold_eval(t, c, true, &t->z, &v)) {
+                c->kind = JN_CONST;
+                c->value = v;
+            }
+        }
+        return;
+    case JN_LIST: case JN_TUPLE: case JN_CONCAT: fold_list(t, &n->items); break;
+    case JN_DICT: fold_list(t, &n->dict.keys); fold_list(t, &n->dict.vals); break;
+    case JN_GETATTR: fold(t, n->getattr.obj); break;
+    case JN_GETITEM: fold(t, n->getitem.obj); fold(t, n->getitem.arg); break;
+    case JN_SLICE: fold(t, n->slice.start); fold(t, n->slice.stop); fold(t, n->slice.step); return;
+    case JN_CALL: fold(t, n->call.fn); fold_args(t, &n->call.args); break;
+    case JN_FILTER: case JN_TEST: fold(t, n->filter.obj); fold_args(t, &n->filter.args); break;
+    case JN_NOT: case JN_NEG: case JN_POS: fold(t, n->bin.a); break;
+    case JN_BINOP: case JN_AND: case JN_OR: fold(t, n->bin.a); fold(t, n->bin.b); break;
+    case JN_COMPARE:
+        fold(t, n->cmp.first);
+        for (size_t i = 0; i < n->cmp.n; i++) fold(t, n->cmp.rest[i]);
+        break;
+    case JN_CONDEXPR: fold(t, n->cond.cond); fold(t, n->cond.a); fold(t, n->cond.b); break;
+    case JN_IF: fold(t, n->if_.test); fold_list(t, &n->if_.body); fold_list(t, &n->if_.else_); return;
+    case JN_FOR:
+        fold(t, n->for_.iter);
+        fold(t, n->for_.filter);
+        fold_list(t, &n->for_.body);
+        fold_list(t, &n->for_.else_);
+        return;
+    case JN_SET: fold(t, n->set.value); return;
+    case JN_SETBLOCK: fold(t, n->setblock.filter); fold_list(t, &n->setblock.body); return;
+    case JN_MACRO:
+        for (size_t i = 0; i < n->macro.ndefaults; i++) fold(t, n->macro.defaults[i]);
+        fold_list(t, &n->macro.body);
+        return;
+    case JN_CALLBLOCK: fold(t, n->callblock.call); fold(t, n->callblock.macro); return;
+    case JN_FILTERBLOCK: fold_list(t, &n->filterblock.body); return;
+    case JN_WITH:
+        for (size_t i = 0; i < n->with.n; i++) fold(t, n->with.values[i]);
+        fold_list(t, &n->with.body);
+        return;
+    case JN_SCOPE: fold_list(t, &n->scope.body); return;
+    default: return;
+    }
+    jv v;
+    if (n->kind != JN_CONST && foldable(n) && maybe_const(n) && fold_eval(t, n, false, &t->z, &v)) {
+        n->kind = JN_CONST;
+        n->value = v;
+    }
+}
+
+void jfold(tr_jinja *t) { fold_list(t, &t->body); }
 
 /* ---- entry points ----------------------------------------------------------------------------- */
 
@@ -1016,6 +1316,8 @@ tr_status tr_jinja_parse(const char *src, size_t len, tr_jinja **out, tr_error *
     size_t ntoks;
     jlex(&t->z, src, len, &toks, &ntoks);
     jparse(t, toks, ntoks);
+    jfold(t);
+    jcheck(t);
     *out = t;
     return TR_OK;
 }
@@ -1035,27 +1337,23 @@ static tr_status render(jrender *r, const tr_jinja_var *vars, size_t n_vars, cha
         if (v->kind == TR_JINJA_JSON_VARS) {
             if (!v->text) continue;
             const jv obj = jv_from_json(z, v->text, strlen(v->text), v->name ? v->name : "variables");
-            if (obj.k != JV_DICT) {
-                z->status = TR_E_ARG;
-                jz_fail(z, "ValueError", "%s: a JSON object is needed, not %s", v->name ? v->name : "variables",
-                        jv_type_name(obj));
-            }
+            if (obj.k != JV_DICT)
+                jz_fail_st(z, TR_E_ARG, "ValueError", "%s: a JSON object is needed, not %s",
+                           v->name ? v->name : "variables", jv_type_name(obj));
             for (size_t k = 0; k < obj.d->n; k++) jd_set(z, r->vars, obj.d->keys[k], obj.d->vals[k]);
             continue;
         }
-        if (!v->name) jz_fail(z, "ValueError", "variable %zu has no name", i);
+        if (!v->name) jz_fail_st(z, TR_E_ARG, "ValueError", "variable %zu has no name", i);
         jv val = JV_NONE_V;
         switch (v->kind) {
         case TR_JINJA_JSON:
-            if (!v->text) jz_fail(z, "ValueError", "variable '%s' has no JSON text", v->name);
+            if (!v->text) jz_fail_st(z, TR_E_ARG, "ValueError", "variable '%s' has no JSON text", v->name);
             val = jv_from_json(z, v->text, strlen(v->text), v->name);
             break;
         case TR_JINJA_STRING:
-            if (!v->text) jz_fail(z, "ValueError", "variable '%s' has no text", v->name);
-            if (!ju_valid(v->text, strlen(v->text))) {
-                z->status = TR_E_ARG;
-                jz_fail(z, "ValueError", "variable '%s' is not valid UTF-8", v->name);
-            }
+            if (!v->text) jz_fail_st(z, TR_E_ARG, "ValueError", "variable '%s' has no text", v->name);
+            if (!ju_valid(v->text, strlen(v->text)))
+                jz_fail_st(z, TR_E_ARG, "ValueError", "variable '%s' is not valid UTF-8", v->name);
             val = jv_cstr(z, v->text);
             break;
         case TR_JINJA_BOOL: val = jv_bool(v->b); break;
@@ -1075,7 +1373,7 @@ static tr_status render(jrender *r, const tr_jinja_var *vars, size_t n_vars, cha
     }
     jbuf b = {0};
     jb_put(z, &b, "", 0);
-    exec_body(r, frame_new(r, NULL), &t->body, &b);
+    exec_body(r, frame_new(r, NULL, &t->sc), &t->body, &b);
     char *res = malloc(b.len + 1);
     if (!res) jz_oom(z);
     memcpy(res, b.p, b.len + 1);

@@ -50,6 +50,8 @@ void *jz_grow(jz *z, void *p, size_t old, size_t n); /* like realloc within the 
 char *jz_strndup(jz *z, const char *s, size_t n);
 /* fail with a Python exception class name and message; never returns */
 _Noreturn void jz_fail(jz *z, const char *kind, const char *fmt, ...) TR_PRINTF(3, 4);
+/* the same with a status of its own (TR_E_ARG for bad input rather than a template error) */
+_Noreturn void jz_fail_st(jz *z, tr_status st, const char *kind, const char *fmt, ...) TR_PRINTF(4, 5);
 /* fail: a construct the engine does not implement */
 _Noreturn void jz_unsupported(jz *z, const char *fmt, ...) TR_PRINTF(2, 3);
 /* fail: out of memory or over the byte limit */
@@ -246,6 +248,7 @@ void jv_write_json(jz *z, jbuf *b, jv v, const jjson_opts *o);
 jlist *jv_iter_list(jz *z, jv v);
 /* the next item of a generator; false when it is exhausted (jinja_builtins.c) */
 bool jg_next(jz *z, jgen *g, jv *out);
+const char *jg_type_name(const jgen *g); /* "generator", "list_reverseiterator" ... */
 
 /* ---- AST -------------------------------------------------------------------------------------- */
 
@@ -314,6 +317,14 @@ typedef struct jargs {
     jnode *star, *dstar; /* *args, **kwargs */
 } jargs;
 
+/* the names a frame starts with as "missing": assigned in the frame before anything read them
+ * there, so nested frames that read them before the assignment see them undefined (jinja2's
+ * VAR_LOAD_UNDEFINED), whatever the render variables hold */
+typedef struct jscope {
+    int *missing;
+    size_t n;
+} jscope;
+
 typedef struct jsym {
     jstr *name;
     int global;   /* index in the globals table, or -1 */
@@ -322,7 +333,9 @@ typedef struct jsym {
 struct jnode {
     uint8_t kind;  /* jn_kind */
     uint8_t op;    /* jop for BINOP */
+    bool is_elif;  /* IF: made from an {% elif %} */
     int line;
+    jscope sc, sc_else; /* the frames this statement opens (FOR: body and else) */
     union {
         jstr *text;                               /* DATA */
         jv value;                                 /* CONST */
@@ -368,6 +381,11 @@ struct jnode {
 struct tr_jinja {
     jz z;          /* owns everything below */
     jnodes body;
+    jscope sc;     /* the template's own frame */
+    /* jinja2's compile-time errors, raised once the whole template parsed */
+    bool has_late;
+    int late_line;
+    char late_kind[40], late_msg[300];
     jsym *syms;
     size_t nsyms;
 };
@@ -375,6 +393,8 @@ struct tr_jinja {
 /* lexer tokens */
 typedef enum jt_kind {
     JT_EOF = 0,
+    JT_ERROR, /* the lexer failed here: jinja2 lexes on demand, so it fails only when the parser
+                 reaches this point (an earlier parse error wins) */
     JT_DATA,
     JT_VAR_BEGIN, JT_VAR_END, JT_BLOCK_BEGIN, JT_BLOCK_END,
     JT_NAME, JT_STRING, JT_INT, JT_FLOAT,
@@ -388,7 +408,8 @@ typedef enum jt_kind {
 typedef struct jtok {
     uint8_t kind;
     int line;
-    jstr *s;     /* DATA text, NAME, STRING value */
+    jstr *s;     /* DATA text, NAME, STRING value; ERROR: the message */
+    const char *err_kind; /* ERROR: the exception class */
     int64_t i;   /* INT */
     double f;    /* FLOAT */
 } jtok;
@@ -399,6 +420,10 @@ const char *jt_describe(const jtok *t); /* jinja2's describe_token */
 
 /* the parser: builds t->body and the symbol table */
 void jparse(tr_jinja *t, const jtok *toks, size_t ntoks);
+/* jinja2's constant folding (jinja_eval.c), then its compile-time checks on the folded tree
+ * (jinja_parse.c; fails the parse) */
+void jfold(tr_jinja *t);
+void jcheck(tr_jinja *t);
 
 /* ---- rendering (jinja_eval.c) ------------------------------------------------------------------ */
 
@@ -406,24 +431,33 @@ void jparse(tr_jinja *t, const jtok *toks, size_t ntoks);
 typedef struct jframe jframe;
 struct jframe {
     jframe *parent;
+    bool captured; /* a macro closes over it: it must outlive its loop iteration */
     int *syms;
     jv *vals;
     size_t n, cap;
 };
 
 struct jmacro {
-    const jnode *node; /* a JN_MACRO */
+    const jnode *node;       /* a JN_MACRO */
+    const jnode *scope_node; /* whose jscope its frame starts with (the macro, or a call block) */
     jframe *closure;   /* where it was defined: it sees that scope as it is when called */
 };
 
 struct jloop {
-    jlist *items;
+    jlist *items;       /* the items taken so far (after the loop's `if`) */
     size_t index0;
     int depth0;
     bool has_changed;
     jv last_changed;
     const jnode *node;  /* the for loop, for recursive calls */
     jframe *frame;      /* the frame the loop runs in */
+    /* the source, taken from as jinja2's LoopContext does: one item at a time, all of them when
+     * loop.length is asked, one ahead for loop.last / loop.nextitem */
+    jv src;
+    const jlist *src_list;
+    size_t src_pos;
+    bool src_done;
+    jframe *test_frame;
 };
 
 struct jfunc {
@@ -440,6 +474,7 @@ typedef struct jrender {
     bool *root_ok;
     bool has_now;
     struct tm now;
+    bool folding; /* evaluating constants at parse time, as jinja2's optimizer does */
 } jrender;
 
 #define JR(zp) ((jrender *)(zp))
@@ -448,6 +483,8 @@ jv jr_getattr(jrender *r, jv obj, jstr *name);
 jv jr_getitem(jrender *r, jv obj, jv key);
 jv jr_call(jrender *r, jv fn, jlist *args, jdict *kw);
 jv jr_slice(jrender *r, jv obj, jv start, jv stop, jv step);
+/* takes items from the loop's source until item k exists; false if the source ends first */
+bool jr_loop_have(jrender *r, jloop *l, size_t k);
 
 /* ---- builtins (jinja_builtins.c) -------------------------------------------------------------- */
 
@@ -465,9 +502,10 @@ bool jb_attr(jrender *r, jv obj, const jstr *name, jv *out);
 
 /* Python-style binding of arguments to parameters named in `params` (np of them, the first nreq
  * required): out[i] receives the argument, given[i] whether there was one. fn names the callable
- * in TypeError messages. */
+ * in TypeError messages; `self_n` positional arguments come before args (a filter's or test's
+ * value) and count in those messages. */
 void jb_bind(jrender *r, const char *fn, const char *const *params, size_t np, size_t nreq,
-             const jlist *args, const jdict *kw, jv *out, bool *given);
+             size_t self_n, const jlist *args, const jdict *kw, jv *out, bool *given);
 jv jb_add(jrender *r, jv a, jv b);    /* Python's a + b */
 jv jb_mod(jrender *r, jv a, jv b);    /* Python's a % b */
 bool jb_in(jrender *r, jv needle, jv hay);

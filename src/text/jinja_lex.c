@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 
 typedef struct lexer {
     jz *z;
+    jmp_buf fail; /* a lexing error: becomes an ERROR token */
     const char *s;
     size_t n, pos;
     int line;
@@ -87,7 +89,19 @@ static size_t rstrip_len(const char *s, size_t n) {
 
 static _Noreturn void lex_fail(lexer *L, int line, const char *msg) {
     L->z->line = line;
-    jz_fail(L->z, "TemplateSyntaxError", "%s", msg);
+    snprintf(L->z->kind, sizeof L->z->kind, "TemplateSyntaxError");
+    snprintf(L->z->msg, sizeof L->z->msg, "%s", msg);
+    longjmp(L->fail, 1);
+}
+
+static _Noreturn void lex_failf(lexer *L, int line, const char *fmt, ...) TR_PRINTF(3, 4);
+static _Noreturn void lex_failf(lexer *L, int line, const char *fmt, ...) {
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    lex_fail(L, line, msg);
 }
 
 static _Noreturn void unexpected_char(lexer *L) {
@@ -95,8 +109,7 @@ static _Noreturn void unexpected_char(lexer *L) {
     size_t j = L->pos;
     ju_next(L->s, L->n, &j);
     jv_write_str_repr(L->z, &b, L->s + L->pos, j - L->pos);
-    L->z->line = L->line;
-    jz_fail(L->z, "TemplateSyntaxError", "unexpected char %s at %zu", b.p, ju_count(L->s, L->pos));
+    lex_failf(L, L->line, "unexpected char %s at %zu", b.p, ju_count(L->s, L->pos));
 }
 
 /* ---- string literals -------------------------------------------------------------------------- */
@@ -482,15 +495,9 @@ static void lex_tag(lexer *L, bool is_var) {
                 }
                 L->stack[L->depth++] = op == JT_LPAREN ? ')' : op == JT_LBRACKET ? ']' : '}';
             } else if (op == JT_RPAREN || op == JT_RBRACKET || op == JT_RBRACE) {
-                if (L->depth == 0) {
-                    L->z->line = L->line;
-                    jz_fail(L->z, "TemplateSyntaxError", "unexpected '%c'", c);
-                }
+                if (L->depth == 0) lex_failf(L, L->line, "unexpected '%c'", c);
                 const char want = L->stack[--L->depth];
-                if (want != c) {
-                    L->z->line = L->line;
-                    jz_fail(L->z, "TemplateSyntaxError", "unexpected '%c', expected '%c'", c, want);
-                }
+                if (want != c) lex_failf(L, L->line, "unexpected '%c', expected '%c'", c, want);
             }
             push(L, op, L->line, NULL);
             L->pos += strlen(k_ops[k].s);
@@ -531,6 +538,13 @@ void jlex(jz *z, const char *src, size_t len, jtok **toks, size_t *ntoks) {
     }
     if (n > 0 && s[n - 1] == '\n') n--;
     lexer L = {.z = z, .s = s, .n = n, .line = 1, .line_starting = true};
+    if (setjmp(L.fail)) {
+        push(&L, JT_ERROR, z->line, js_cstr(z, z->msg));
+        L.toks[L.ntoks - 1].err_kind = "TemplateSyntaxError";
+        *toks = L.toks;
+        *ntoks = L.ntoks;
+        return;
+    }
     while (L.pos < L.n) {
         /* the next {{, {% or {# */
         size_t p = L.pos;

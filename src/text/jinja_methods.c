@@ -18,15 +18,16 @@
 /* ---- argument binding ------------------------------------------------------------------------- */
 
 void jb_bind(jrender *r, const char *fn, const char *const *params, size_t np, size_t nreq,
-             const jlist *args, const jdict *kw, jv *out, bool *given) {
+             size_t self_n, const jlist *args, const jdict *kw, jv *out, bool *given) {
     jz *z = &r->z;
     for (size_t i = 0; i < np; i++) given[i] = false, out[i] = JV_UNDEF_V;
     if (args->n > np) {
-        if (nreq == np)
-            jz_fail(z, "TypeError", "%s() takes %zu positional argument%s but %zu were given", fn, np,
-                    np == 1 ? "" : "s", args->n);
+        const size_t tot = np + self_n, req = nreq + self_n, got = args->n + self_n;
+        if (req == tot)
+            jz_fail(z, "TypeError", "%s() takes %zu positional argument%s but %zu were given", fn, tot,
+                    tot == 1 ? "" : "s", got);
         jz_fail(z, "TypeError", "%s() takes from %zu to %zu positional arguments but %zu were given", fn,
-                nreq, np, args->n);
+                req, tot, got);
     }
     for (size_t i = 0; i < args->n; i++) out[i] = args->v[i], given[i] = true;
     for (size_t k = 0; k < kw->n; k++) {
@@ -364,7 +365,7 @@ static jv str_split(jrender *r, const jstr *s, const jlist *args, const jdict *k
     static const char *const P[] = {"sep", "maxsplit"};
     jv a[2];
     bool g[2];
-    jb_bind(r, right ? "rsplit" : "split", P, 2, 0, args, kw, a, g);
+    jb_bind(r, right ? "rsplit" : "split", P, 2, 0, 0, args, kw, a, g);
     int64_t maxsplit = g[1] ? want_int(r, a[1], "") : -1;
     if (maxsplit < 0) maxsplit = INT64_MAX;
     jlist *out = jl_new(z, 0);
@@ -682,21 +683,24 @@ bool jb_attr(jrender *r, jv obj, const jstr *name, jv *out) {
     }
     case JV_NS: return jd_getc(obj.d, n, out) && name->len == strlen(n);
     case JV_LOOP: {
-        const jloop *l = obj.loop;
-        const size_t len = l->items->n, i = l->index0;
+        jloop *l = obj.loop;
+        const size_t i = l->index0;
+        const bool wants_len = !strcmp(n, "revindex") || !strcmp(n, "revindex0") || !strcmp(n, "length");
+        if (wants_len) jr_loop_have(r, l, SIZE_MAX - 1);
+        const size_t len = l->items->n;
         if (!strcmp(n, "index")) *out = jv_int((int64_t)i + 1);
         else if (!strcmp(n, "index0")) *out = jv_int((int64_t)i);
         else if (!strcmp(n, "revindex")) *out = jv_int((int64_t)(len - i));
         else if (!strcmp(n, "revindex0")) *out = jv_int((int64_t)(len - i - 1));
         else if (!strcmp(n, "first")) *out = jv_bool(i == 0);
-        else if (!strcmp(n, "last")) *out = jv_bool(i + 1 == len);
+        else if (!strcmp(n, "last")) *out = jv_bool(!jr_loop_have(r, l, i + 1));
         else if (!strcmp(n, "length")) *out = jv_int((int64_t)len);
         else if (!strcmp(n, "depth")) *out = jv_int(l->depth0 + 1);
         else if (!strcmp(n, "depth0")) *out = jv_int(l->depth0);
         else if (!strcmp(n, "previtem"))
             *out = i == 0 ? jv_undef_hint(z, "there is no previous item") : l->items->v[i - 1];
         else if (!strcmp(n, "nextitem"))
-            *out = i + 1 >= len ? jv_undef_hint(z, "there is no next item") : l->items->v[i + 1];
+            *out = !jr_loop_have(r, l, i + 1) ? jv_undef_hint(z, "there is no next item") : l->items->v[i + 1];
         else if (!strcmp(n, "cycle")) *out = mkfunc(r, O_LOOP_CYCLE, n, obj);
         else if (!strcmp(n, "changed")) *out = mkfunc(r, O_LOOP_CHANGED, n, obj);
         else return false;
@@ -852,7 +856,7 @@ static jv call_global(jrender *r, int id, jlist *args, jdict *kw) {
         static const char *const P[] = {"sep"};
         jv a[1];
         bool g[1];
-        jb_bind(r, "Joiner", P, 1, 0, args, kw, a, g);
+        jb_bind(r, "Joiner", P, 1, 0, 0, args, kw, a, g);
         jobj *o = jz_alloc(z, sizeof *o);
         o->sep = g[0] ? jb_soft_str(r, a[0]) : js_cstr(z, ", ");
         return (jv){.k = JV_JOINER, .o = o};
@@ -862,14 +866,14 @@ static jv call_global(jrender *r, int id, jlist *args, jdict *kw) {
         static const char *const P[] = {"message"};
         jv a[1];
         bool g[1];
-        jb_bind(r, "raise_exception", P, 1, 1, args, kw, a, g);
+        jb_bind(r, "raise_exception", P, 1, 1, 0, args, kw, a, g);
         jz_fail(z, "TemplateError", "%s", jb_soft_str(r, a[0])->p);
     }
     case G_STRFTIME: {
         static const char *const P[] = {"format"};
         jv a[1];
         bool g[1];
-        jb_bind(r, "strftime_now", P, 1, 1, args, kw, a, g);
+        jb_bind(r, "strftime_now", P, 1, 1, 0, args, kw, a, g);
         const jstr *fmt = want_str(r, a[0], "strftime() argument 1 must be str");
         struct tm tm;
         if (r->has_now) {
@@ -952,7 +956,7 @@ static jv call_str(jrender *r, jfunc *fn, jlist *args, jdict *kw) {
         static const char *const P[] = {"keepends"};
         jv a[1];
         bool g[1];
-        jb_bind(r, "splitlines", P, 1, 0, args, kw, a, g);
+        jb_bind(r, "splitlines", P, 1, 0, 0, args, kw, a, g);
         return jv_of_list(js_splitlines(z, s, g[0] && jv_truthy(z, a[0])));
     }
     case S_STARTSWITH: nargs(r, name, args, 1, 3); return jv_bool(str_affix(r, s, args, false, "startswith"));

@@ -112,6 +112,12 @@ _Noreturn void jz_fail(jz *z, const char *kind, const char *fmt, ...) {
     fail_v(z, TR_E_FORMAT, kind, fmt, ap);
 }
 
+_Noreturn void jz_fail_st(jz *z, tr_status st, const char *kind, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fail_v(z, st, kind, fmt, ap);
+}
+
 _Noreturn void jz_unsupported(jz *z, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -343,7 +349,7 @@ const char *jv_type_name(jv v) {
     case JV_TUPLE: return "tuple";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
-    case JV_GEN: return "generator";
+    case JV_GEN: return v.g ? jg_type_name(v.g) : "generator";
     case JV_FUNC: return "builtin_function_or_method";
     case JV_MACRO: return "Macro";
     case JV_LOOP: return "LoopContext";
@@ -483,6 +489,26 @@ static int order3(jz *z, jv a, jv b, const char *op) {
         if (c) return c < 0 ? -1 : 1;
         return a.s->len < b.s->len ? -1 : a.s->len > b.s->len;
     }
+    if (a.k == JV_LIST && b.k == JV_LIST && (a.l->view == JL_KEYS || a.l->view == JL_ITEMS) &&
+        (b.l->view == JL_KEYS || b.l->view == JL_ITEMS)) {
+        /* set-like views order by inclusion: -1 a is a proper subset, 1 a proper superset,
+         * 0 equal, 2 neither */
+        size_t in_b = 0, in_a = 0;
+        for (size_t i = 0; i < a.l->n; i++)
+            for (size_t j = 0; j < b.l->n; j++)
+                if (jv_eq(z, a.l->v[i], b.l->v[j])) {
+                    in_b++;
+                    break;
+                }
+        for (size_t j = 0; j < b.l->n; j++)
+            for (size_t i = 0; i < a.l->n; i++)
+                if (jv_eq(z, a.l->v[i], b.l->v[j])) {
+                    in_a++;
+                    break;
+                }
+        const bool sub = in_b == a.l->n, sup = in_a == b.l->n;
+        return sub && sup ? 0 : sub ? -1 : sup ? 1 : 3;
+    }
     if (a.k == b.k && jv_is_seq(a) && a.l->view == JL_PLAIN && b.l->view == JL_PLAIN) {
         size_t i = 0;
         while (i < a.l->n && i < b.l->n && jv_eq(z, a.l->v[i], b.l->v[i])) i++;
@@ -494,7 +520,8 @@ static int order3(jz *z, jv a, jv b, const char *op) {
 
 bool jv_lt(jz *z, jv a, jv b, const char *op) {
     const int c = order3(z, a, b, op);
-    if (c == 2) return false;
+    if (c == 2) return false; /* NaN */
+    if (c == 3) return false; /* sets neither including the other */
     if (!strcmp(op, "<")) return c < 0;
     if (!strcmp(op, "<=")) return c <= 0;
     if (!strcmp(op, ">")) return c > 0;
@@ -507,7 +534,9 @@ int jv_cmp(jz *z, jv a, jv b, const char *op) {
 }
 
 void jv_check_hashable(jz *z, jv v) {
-    if (v.k == JV_LIST || v.k == JV_DICT)
+    /* range and dict_values hash (the latter by identity); lists, dicts and the set-like
+     * dict_keys / dict_items do not */
+    if ((v.k == JV_LIST && v.l->view != JL_RANGE && v.l->view != JL_VALUES) || v.k == JV_DICT)
         jz_fail(z, "TypeError", "unhashable type: '%s'", jv_type_name(v));
     if (v.k == JV_TUPLE)
         for (size_t i = 0; i < v.l->n; i++) jv_check_hashable(z, v.l->v[i]);
