@@ -23,8 +23,8 @@ INC_tools/chat.c := -Isrc
 OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
-LDLIBS  := -lpcre2-8 -lxxhash -lpthread -lm
-CLI_LIBS := -lcjson
+LDLIBS  := -lpcre2-8 -lxxhash -lcjson -lpthread -lm
+CLI_LIBS :=
 
 LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c src/tensor/x86/hash_avx2.c

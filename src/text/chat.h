@@ -77,6 +77,10 @@ typedef struct tr_chat_msg {
 tr_status tr_chat_detect(const char *template_text, const char *override_name, tr_chat_style *out,
                          tr_error *err);
 
+/* llama.cpp's family name for a template text ("chatml", "gpt-oss", "deepseek3", "phi3" ...), or
+ * NULL when llama.cpp would not recognise it either */
+const char *tr_chat_family(const char *template_text);
+
 /* "chatml", "llama3", ...; "?" for a value out of range */
 const char *tr_chat_style_name(tr_chat_style style);
 /* style by built-in name; false if the name is not one */
