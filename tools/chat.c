@@ -22,7 +22,6 @@
 #include <unistd.h>
 
 #include "generate.h"
-#include "text/chat.h"
 
 static const char k_commands[] =
     "  /help            this list\n"
@@ -71,7 +70,7 @@ static int read_line(reader *r, char **out) {
         if (r->pos == r->len) {
             if (r->eof) break;
             const ssize_t got = read(0, r->buf, sizeof r->buf);
-            if (got < 0 && errno == EINTR) continue; /* cli_interrupted: was it Ctrl-C? */
+            if (got < 0 && errno == EINTR) continue; /* cli_interrupted says whether it was Ctrl-C */
             if (got <= 0) {
                 r->eof = true;
                 break;
@@ -171,14 +170,14 @@ static int read_message(reader *r, bool prompt, char **out) {
 /* ---- the conversation ---------------------------------------------------------------------- */
 
 typedef struct convo {
-    tr_chat_msg *msgs; /* role and content owned (malloc) */
+    tr_chat_message *msgs; /* role and content owned (malloc) */
     size_t n, cap;
 } convo;
 
 static bool convo_add(convo *c, const char *role, const char *content) {
     if (c->n == c->cap) {
         const size_t cap = c->cap ? c->cap * 2 : 16;
-        tr_chat_msg *m = realloc(c->msgs, cap * sizeof *m);
+        tr_chat_message *m = realloc(c->msgs, cap * sizeof *m);
         if (!m) return false;
         c->msgs = m;
         c->cap = cap;
@@ -336,22 +335,31 @@ typedef struct chat {
     int32_t *held; /* the tokens the session holds, [0, n_held) */
     size_t n_held;
     size_t n_prompt; /* the current reply's prompt: held[0, n_prompt), then its tokens */
-    tr_chat_style style;
+    tr_chat_template *tmpl;
+    tr_reasoning *rs; /* splits each reply into reasoning (shown apart) and answer */
+    bool tty_err;     /* stderr is a terminal: reasoning is shown dimmed */
+    bool in_reasoning;
+    bool refused;     /* the template refused the conversation (render_tokens) */
     convo cv;
     gen_state total;
     telem tm;
 } chat;
 
-/* the conversation as the template renders it for a reply, tokenized; NULL after an error */
-static int32_t *render_tokens(chat *c, size_t *n) {
+/* the conversation as the template renders it for a reply (into *text if not NULL), tokenized;
+ * NULL after an error (printed; c->refused if the template rejected the conversation) */
+static int32_t *render_tokens(chat *c, size_t *n, char **text_out) {
     tr_error err = {0};
     char *text = NULL;
-    if (tr_chat_format(c->style, c->cv.msgs, c->cv.n, true, &text, &err)) {
-        cli_error("%s", err.msg);
+    const tr_status st = tr_chat_template_apply(c->tmpl, c->cv.msgs, c->cv.n, NULL, NULL, true,
+                                                NULL, &text, &err);
+    if (st) {
+        c->refused = st == TR_E_FORMAT || st == TR_E_UNSUPPORTED;
+        cli_error("chat template: %s", err.msg);
         return NULL;
     }
     int32_t *toks = tokenize_alloc(c->ld.tok, text, strlen(text), true, true, n);
-    free(text);
+    if (text_out && toks) *text_out = text;
+    else tr_free(text);
     return toks;
 }
 
@@ -361,11 +369,15 @@ static int32_t *render_tokens(chat *c, size_t *n) {
  * (the caller checks what fits). *dropped counts the messages dropped, *freed the tokens.
  */
 static int32_t *fit_prompt(chat *c, size_t extra, size_t room, size_t *n, size_t *dropped,
-                           size_t *freed) {
+                           size_t *freed, char **text) {
     *dropped = *freed = 0;
     size_t first = 0;
     for (;;) {
-        int32_t *toks = render_tokens(c, n);
+        if (text) {
+            tr_free(*text);
+            *text = NULL;
+        }
+        int32_t *toks = render_tokens(c, n, text);
         if (!toks) return NULL;
         if (!*dropped) first = *n;
         *freed = first > *n ? first - *n : 0;
@@ -401,7 +413,7 @@ static bool shift_context(void *user, gen_state *g, float *logits) {
     (void)logits; /* sync_session writes c->logits, which is this buffer */
     const size_t room = c->n_ctx / 8 > 16 ? (size_t)c->n_ctx / 8 : 16;
     size_t n, dropped, freed;
-    int32_t *toks = fit_prompt(c, g->n_ids, room, &n, &dropped, &freed);
+    int32_t *toks = fit_prompt(c, g->n_ids, room, &n, &dropped, &freed, NULL);
     if (!toks) return false;
     if (!dropped || n + g->n_ids >= (size_t)c->n_ctx) {
         free(toks);
@@ -429,15 +441,53 @@ static void remove_last(convo *cv) {
 }
 
 /* answers the conversation's last (user) message; false only on errors that end the chat */
+/* what the splitter made certain: reasoning on stderr (dimmed on a terminal, between markers
+ * otherwise), the answer on stdout */
+static void show(chat *c, const tr_reasoning_delta *d) {
+    if (d->reasoning_len) {
+        if (!c->in_reasoning) fputs(c->tty_err ? "\033[2m" : "[reasoning]\n", stderr);
+        c->in_reasoning = true;
+        fwrite(d->reasoning, 1, d->reasoning_len, stderr);
+        fflush(stderr);
+    }
+    if (d->answer_len) {
+        if (c->in_reasoning) fputs(c->tty_err ? "\033[0m\n" : "\n[/reasoning]\n", stderr);
+        c->in_reasoning = false;
+        to_stdout(NULL, d->answer, d->answer_len);
+    }
+}
+
+static void reply_sink(void *user, const char *s, size_t n) {
+    chat *c = user;
+    tr_error err = {0};
+    tr_reasoning_delta d;
+    if (tr_reasoning_feed(c->rs, s, n, &d, &err)) {
+        to_stdout(NULL, s, n); /* out of memory in the splitter: show the text as it is */
+        return;
+    }
+    show(c, &d);
+}
+
+/* answers the conversation's last (user) message; false only on errors that end the chat */
 static bool answer(chat *c) {
     const gen_opts *o = c->o;
+    tr_error err = {0};
     size_t room = (size_t)c->n_ctx / 4;
     if (o->n_predict >= 0 && (size_t)o->n_predict < room) room = (size_t)o->n_predict;
     size_t n, dropped, freed;
-    int32_t *toks = fit_prompt(c, 0, room, &n, &dropped, &freed);
-    if (!toks) return false;
+    char *prompt = NULL;
+    c->refused = false;
+    int32_t *toks = fit_prompt(c, 0, room, &n, &dropped, &freed, &prompt);
+    if (!toks) {
+        tr_free(prompt);
+        if (!c->refused) return false;
+        remove_last(&c->cv); /* the template rejected the conversation with it: not sent */
+        fprintf(stderr, "terrace: the message was not sent\n");
+        return true;
+    }
     if (n >= (size_t)c->n_ctx) {
         free(toks);
+        tr_free(prompt);
         remove_last(&c->cv);
         fprintf(stderr, "terrace: this message makes a prompt of %zu tokens, more than the context "
                         "holds (%d) even without the earlier turns: it was not sent (raise -c)\n",
@@ -447,7 +497,16 @@ static bool answer(chat *c) {
     if (dropped)
         fprintf(stderr, "terrace: context: dropped the %zu oldest messages (%zu tokens) to make "
                         "room\n", dropped, freed);
-    gen_state g = {.sink = to_stdout, .tm = &c->tm, .interrupt = &cli_interrupted,
+    /* the prompt's end says whether the reply starts inside a reasoning block */
+    const tr_status rst = tr_reasoning_reset(c->rs, prompt, &err);
+    tr_free(prompt);
+    if (rst) {
+        free(toks);
+        cli_error("%s", err.msg);
+        return false;
+    }
+    c->in_reasoning = false;
+    gen_state g = {.sink = reply_sink, .sink_user = c, .tm = &c->tm, .interrupt = &cli_interrupted,
                    .on_full = shift_context, .full_user = c};
     tr_sampler_reset(c->smp);
     const bool prefilled = sync_session(c, toks, n, &g);
@@ -456,6 +515,10 @@ static bool answer(chat *c) {
     bool ok = true;
     if (prefilled) {
         ok = gen_run(&g, o, &c->ld, c->s, c->smp, c->logits);
+        tr_reasoning_delta d;
+        if (tr_reasoning_finish(c->rs, &d, &err) == TR_OK) show(c, &d);
+        if (c->in_reasoning) fputs(c->tty_err ? "\033[0m\n" : "\n[/reasoning]\n", stderr);
+        c->in_reasoning = false;
         fputc('\n', stdout);
         fflush(stdout);
     }
@@ -465,13 +528,16 @@ static bool answer(chat *c) {
     }
     if (!prefilled && !g.interrupted) ok = false;
     if (prefilled && ok) {
-        /* the reply as it came (stop strings cut, an interrupted one as far as it got) is the
-         * assistant's turn; the session holds its tokens up to the last one evaluated */
+        /* the answer as it came (stop strings cut, an interrupted one as far as it got; the
+         * reasoning apart, as templates want past turns) is the assistant's turn; the session
+         * holds the reply's tokens up to the last one evaluated */
         const size_t past = (size_t)tr_session_n_past(c->s);
         for (size_t j = 0; c->n_prompt + j < past && j < g.n_ids; j++)
             c->held[c->n_prompt + j] = g.ids[j];
         c->n_held = past;
-        if (!convo_add(&c->cv, "assistant", g.text ? g.text : "")) ok = false;
+        size_t alen = 0;
+        const char *ans = tr_reasoning_answer(c->rs, &alen);
+        if (!convo_add(&c->cv, "assistant", ans ? ans : "")) ok = false;
     } else if (!prefilled) {
         remove_last(&c->cv); /* nothing answered it */
     }
@@ -525,27 +591,19 @@ static bool setup(chat *c) {
     const gen_opts *o = c->o;
     if (!load_model(o, &c->ld)) return false;
     if (!telem_open(&c->tm, o->telemetry, c->ld.model)) return false;
-    tr_str tmpl = {0};
-    char *tmpl_c = NULL;
-    if (tr_gguf_kv_str(tr_model_gguf(c->ld.model), "tokenizer.chat_template", &tmpl) &&
-        !(tmpl_c = strndup(tmpl.ptr, (size_t)tmpl.len))) {
-        cli_error("out of memory");
-        return false;
-    }
-    /* files without a template: Gemma's converters often drop it, and its format is fixed */
-    const char *override = o->chat_template;
-    if (!tmpl_c && !override && !strcmp(tr_model_arch(c->ld.model), "gemma3")) {
-        override = "gemma";
-        fprintf(stderr, "terrace: no chat template in the file; using gemma for a gemma3 model\n");
-    }
-    const tr_status ds = tr_chat_detect(tmpl_c, override, &c->style, &err);
-    free(tmpl_c);
-    if (ds) {
+    /* the model's own template (NULL), or --chat-template NAME|FILE */
+    if (tr_chat_template_load(c->ld.model, o->chat_template, &c->tmpl, &err)) {
         cli_error("%s", err.msg);
         return false;
     }
+    if (tr_reasoning_create(c->tmpl, NULL, o->reasoning_none ? TR_REASONING_NONE : TR_REASONING_AUTO,
+                            &c->rs, &err)) {
+        cli_error("%s", err.msg);
+        return false;
+    }
+    c->tty_err = isatty(2);
     /* the template's end-of-turn strings stop generation too */
-    for (const char *const *st = tr_chat_stop_strings(c->style); st && *st; st++)
+    for (const char *const *st = tr_chat_template_stop_strings(c->tmpl); st && *st; st++)
         if (c->o->n_stop < (int)(sizeof c->o->stop / sizeof c->o->stop[0]))
             c->o->stop[c->o->n_stop++] = *st;
     tr_session_params sp = session_params(o);
@@ -585,7 +643,7 @@ int cmd_chat(int argc, char **argv) {
     cli_catch_interrupt();
     const bool interactive = isatty(0) || !o.prompt;
     fprintf(stderr, "terrace: chat template %s, context %d tokens%s\n",
-            tr_chat_style_name(c.style), c.n_ctx,
+            tr_chat_template_name(c.tmpl), c.n_ctx,
             interactive ? "; /help for commands, Ctrl-D or /exit to quit" : "");
     const char *pending = o.prompt;
     rc = 0;
@@ -639,6 +697,8 @@ int cmd_chat(int argc, char **argv) {
 out:
     telem_close(&c.tm);
     convo_free(&c.cv);
+    tr_reasoning_free(c.rs);
+    tr_chat_template_free(c.tmpl);
     free(c.held);
     free(c.logits);
     tr_sampler_free(c.smp);

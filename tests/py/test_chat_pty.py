@@ -2,9 +2,10 @@
 """`terrace chat` driven through a pseudo-terminal, as a person types into it: the commands,
 multi-line input, /save and /load, Ctrl-C during a reply (back to the prompt) and at the prompt
 (exit 130 with the summary), and the context shift (oldest turns dropped with a notice, before a
-reply and in the middle of one, never an exit). Greedy decoding on the default model.
+reply and in the middle of one, never an exit), and a reply's reasoning shown apart from its
+answer. Greedy decoding on the default model.
 
-usage: test_chat_pty.py TERRACE MODEL.gguf [commands,interrupt,shift]
+usage: test_chat_pty.py TERRACE MODEL.gguf [commands,interrupt,shift,reasoning]
 """
 import json
 import os
@@ -224,9 +225,39 @@ def context_shift(terrace, model, tmp):
           "a prompt that would not leave room for the reply drops the oldest turn first")
 
 
+def reasoning(terrace, model, tmp):
+    """a DeepSeek-R1-style template, whose prompt ends inside <think>: the reply is reasoning
+    until </think>, shown on stderr between markers (not a terminal here); stdout carries only
+    the answer; --reasoning-format none shows the reply as it is"""
+    import subprocess
+    print("reasoning shown apart from the answer (a template that opens <think>)")
+    tpl = os.path.join(tmp, "think.jinja")
+    with open(tpl, "w") as f:
+        f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
+                "{% endif %}")
+    args = [terrace, "chat", "-m", model, "--temp", "0", "-n", "24", "--chat-template", tpl,
+            "-p", "Is water wet?"]
+    r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    m = re.search(r"\[reasoning\]\n(.*?)(\n\[/reasoning\]|$)", r.stderr, re.S)
+    check(r.returncode == 0 and m is not None and len(m.group(1).strip()) > 0,
+          f"the reasoning is on stderr between markers ({m.group(1)[:60]!r})" if m else
+          f"the reasoning is on stderr between markers (stderr: {r.stderr[-300:]!r})")
+    n = subprocess.run(args + ["--reasoning-format", "none"], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    check(n.returncode == 0 and "[reasoning]" not in n.stderr and m is not None
+          and n.stdout.strip().startswith(m.group(1).strip()[:20]),
+          "--reasoning-format none: the same reply, all on stdout")
+    if m:
+        rest = r.stdout.strip()
+        check(not rest or m.group(1).strip()[:20] not in rest,
+              f"stdout holds only the answer ({rest[:60]!r})")
+
+
 def main():
     terrace, model = sys.argv[1], sys.argv[2]
-    parts = sys.argv[3].split(",") if len(sys.argv) > 3 else ["commands", "interrupt", "shift"]
+    parts = sys.argv[3].split(",") if len(sys.argv) > 3 else ["commands", "interrupt", "shift",
+                                                               "reasoning"]
     with tempfile.TemporaryDirectory() as tmp:
         if "commands" in parts:
             commands(terrace, model, tmp)
@@ -234,6 +265,8 @@ def main():
             interrupt(terrace, model)
         if "shift" in parts:
             context_shift(terrace, model, tmp)
+        if "reasoning" in parts:
+            reasoning(terrace, model, tmp)
     if FAILS:
         print(f"test_chat_pty: {len(FAILS)} check(s) FAILED")
         return 1
