@@ -196,6 +196,7 @@ static bool convo_add(convo *c, const char *role, const char *content) {
 
 /* drop messages [from, to) */
 static void convo_drop(convo *c, size_t from, size_t to) {
+    if (from >= to) return; /* also keeps an empty conversation's NULL array out of memmove */
     for (size_t i = from; i < to; i++) {
         free((char *)c->msgs[i].role);
         free((char *)c->msgs[i].content);
