@@ -649,19 +649,20 @@ typedef struct tr_chat_template tr_chat_template;
  * --chat-template); the name of a template the file carries (tokenizer.chat_template.NAME, e.g.
  * "tool_use"); a built-in format's name; a .jinja file; or Jinja text itself. The model's BOS and
  * EOS token texts become the bos_token / eos_token variables. */
-tr_status tr_chat_template_load(const tr_model *m, const char *name_or_path, tr_chat_template **out,
-                                tr_error *err);
+TR_API tr_status tr_chat_template_load(const tr_model *m, const char *name_or_path,
+                                       tr_chat_template **out, tr_error *err);
 /* the same from an open GGUF file (no weights needed) */
-tr_status tr_chat_template_load_gguf(const tr_gguf *g, const char *name_or_path,
-                                     tr_chat_template **out, tr_error *err);
-/* a Jinja template from text; bos_token / eos_token may be NULL (the variables are then undefined) */
-tr_status tr_chat_template_from_string(const char *source, const char *bos_token,
-                                       const char *eos_token, tr_chat_template **out,
-                                       tr_error *err);
+TR_API tr_status tr_chat_template_load_gguf(const tr_gguf *g, const char *name_or_path,
+                                            tr_chat_template **out, tr_error *err);
+/* a Jinja template from text; bos_token / eos_token may be NULL (the variables are then
+ * undefined) */
+TR_API tr_status tr_chat_template_from_string(const char *source, const char *bos_token,
+                                              const char *eos_token, tr_chat_template **out,
+                                              tr_error *err);
 /* "chatml" for a built-in, the file name for a file, "<family> (model)" for the model's template */
-const char *tr_chat_template_name(const tr_chat_template *t);
+TR_API const char *tr_chat_template_name(const tr_chat_template *t);
 /* Jinja text, or NULL for a built-in */
-const char *tr_chat_template_source(const tr_chat_template *t);
+TR_API const char *tr_chat_template_source(const tr_chat_template *t);
 /*
  * Renders a conversation. messages: either msgs[n] or messages_json (an OpenAI-style JSON array,
  * which may carry tool_calls, content parts, reasoning_content ...; takes precedence when not
@@ -671,17 +672,17 @@ const char *tr_chat_template_source(const tr_chat_template *t);
  * raise_exception in the template, a value it cannot use) are TR_E_FORMAT with jinja2's message;
  * constructs the engine does not implement are TR_E_UNSUPPORTED, naming them.
  */
-tr_status tr_chat_template_apply(const tr_chat_template *t, const tr_chat_message *msgs, size_t n,
-                                 const char *messages_json, const char *context_json,
-                                 bool add_generation_prompt, const char *now_iso, char **out,
-                                 tr_error *err);
+TR_API tr_status tr_chat_template_apply(const tr_chat_template *t, const tr_chat_message *msgs,
+                                        size_t n, const char *messages_json,
+                                        const char *context_json, bool add_generation_prompt,
+                                        const char *now_iso, char **out, tr_error *err);
 /* strings that end the assistant's turn for this template's family ("<|im_end|>" ...),
  * NULL-terminated; stopping at the tokenizer's end-of-generation tokens covers most models, these
  * cover files whose end-of-generation set misses the turn end */
-const char *const *tr_chat_template_stop_strings(const tr_chat_template *t);
-void tr_chat_template_free(tr_chat_template *t);
+TR_API const char *const *tr_chat_template_stop_strings(const tr_chat_template *t);
+TR_API void tr_chat_template_free(tr_chat_template *t);
 /* frees what the library allocated for the caller (rendered prompts, ...) */
-void tr_free(void *p);
+TR_API void tr_free(void *p);
 
 /*
  * Reasoning: separates a reply's reasoning from its answer as the text is generated, for display
@@ -693,7 +694,8 @@ void tr_free(void *p);
  */
 typedef enum tr_reasoning_format {
     TR_REASONING_AUTO = 0, /* from the template and the prompt */
-    TR_REASONING_NONE,     /* everything is answer, markers included (llama.cpp's --reasoning-format none) */
+    TR_REASONING_NONE,     /* everything is answer, markers included (llama.cpp's
+                              --reasoning-format none) */
 } tr_reasoning_format;
 
 typedef struct tr_reasoning tr_reasoning;
@@ -709,18 +711,18 @@ typedef struct tr_reasoning_delta {
 
 /* t may be NULL (think tags only); prompt: the rendered prompt of this reply (its end says
  * whether the reply starts inside <think>), may be NULL */
-tr_status tr_reasoning_create(const tr_chat_template *t, const char *prompt,
-                              tr_reasoning_format fmt, tr_reasoning **out, tr_error *err);
+TR_API tr_status tr_reasoning_create(const tr_chat_template *t, const char *prompt,
+                                     tr_reasoning_format fmt, tr_reasoning **out, tr_error *err);
 /* starts a new reply */
-tr_status tr_reasoning_reset(tr_reasoning *r, const char *prompt, tr_error *err);
-tr_status tr_reasoning_feed(tr_reasoning *r, const char *text, size_t len, tr_reasoning_delta *out,
-                            tr_error *err);
+TR_API tr_status tr_reasoning_reset(tr_reasoning *r, const char *prompt, tr_error *err);
+TR_API tr_status tr_reasoning_feed(tr_reasoning *r, const char *text, size_t len,
+                                   tr_reasoning_delta *out, tr_error *err);
 /* the end of the reply: releases text held back as a possible marker */
-tr_status tr_reasoning_finish(tr_reasoning *r, tr_reasoning_delta *out, tr_error *err);
+TR_API tr_status tr_reasoning_finish(tr_reasoning *r, tr_reasoning_delta *out, tr_error *err);
 /* everything so far (NUL-terminated) */
-const char *tr_reasoning_text(const tr_reasoning *r, size_t *len);
-const char *tr_reasoning_answer(const tr_reasoning *r, size_t *len);
-void tr_reasoning_free(tr_reasoning *r);
+TR_API const char *tr_reasoning_text(const tr_reasoning *r, size_t *len);
+TR_API const char *tr_reasoning_answer(const tr_reasoning *r, size_t *len);
+TR_API void tr_reasoning_free(tr_reasoning *r);
 
 #ifdef __cplusplus
 }

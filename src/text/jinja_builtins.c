@@ -369,13 +369,13 @@ static void sort_by(jrender *r, jv *items, jv *keys, size_t n, bool reverse) {
 static jv to_list(jrender *r, jv v) {
     if (v.k == JV_LIST && v.l->view == JL_PLAIN) {
         jlist *l = jl_new(&r->z, v.l->n);
-        memcpy(l->v, v.l->v, v.l->n * sizeof(jv));
+        if (v.l->n) memcpy(l->v, v.l->v, v.l->n * sizeof(jv));
         l->n = v.l->n;
         return jv_of_list(l);
     }
     const jlist *src = jv_iter_list(&r->z, v);
     jlist *l = jl_new(&r->z, src->n);
-    memcpy(l->v, src->v, src->n * sizeof(jv));
+    if (src->n) memcpy(l->v, src->v, src->n * sizeof(jv));
     l->n = src->n;
     return jv_of_list(l);
 }
@@ -743,7 +743,7 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
         }
         sort_by(r, items, keys, n, arg_true(r, a, g, 2));
         jlist *l = jl_new(z, n);
-        memcpy(l->v, items, n * sizeof(jv));
+        if (n) memcpy(l->v, items, n * sizeof(jv));
         l->n = n;
         return jv_of_list(l);
     }
@@ -911,7 +911,7 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
         }
         sort_by(r, items, keys, n, arg_true(r, a, g, 0));
         jlist *out = jl_new(z, n);
-        memcpy(out->v, items, n * sizeof(jv));
+        if (n) memcpy(out->v, items, n * sizeof(jv));
         out->n = n;
         return jv_of_list(out);
     }

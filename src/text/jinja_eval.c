@@ -94,8 +94,8 @@ static double as_float(jv v) { return v.k == JV_FLOAT ? v.f : (double)as_int(v);
 
 static jv concat_seq(jrender *r, jv a, jv b) {
     jlist *l = jl_new(&r->z, a.l->n + b.l->n);
-    memcpy(l->v, a.l->v, a.l->n * sizeof(jv));
-    memcpy(l->v + a.l->n, b.l->v, b.l->n * sizeof(jv));
+    if (a.l->n) memcpy(l->v, a.l->v, a.l->n * sizeof(jv));
+    if (b.l->n) memcpy(l->v + a.l->n, b.l->v, b.l->n * sizeof(jv));
     l->n = a.l->n + b.l->n;
     return (jv){.k = a.k, .l = l};
 }

@@ -78,6 +78,7 @@ static const char *describe_expr(const char *e) {
 }
 
 static const char *kind_desc(jt_kind k) {
+    if (k == JT_NAME) return "name";
     jtok t = {.kind = (uint8_t)k};
     return jt_describe(&t);
 }

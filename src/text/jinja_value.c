@@ -98,6 +98,8 @@ char *jz_strndup(jz *z, const char *s, size_t n) {
     return p;
 }
 
+static _Noreturn void fail_v(jz *z, tr_status st, const char *kind, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 static _Noreturn void fail_v(jz *z, tr_status st, const char *kind, const char *fmt, va_list ap) {
     z->status = st;
     snprintf(z->kind, sizeof z->kind, "%s", kind);
@@ -183,7 +185,9 @@ void jb_put_cp(jz *z, jbuf *b, uint32_t c) {
 
 /* ---- strings ---------------------------------------------------------------------------------- */
 
-jstr js_empty = {0, 0};
+/* with its terminating NUL: code reads p[0] of an empty string (GNU C initialises the flexible
+ * array of a static object) */
+jstr js_empty = {0, 0, {0}};
 
 jstr *js_new(jz *z, const char *s, size_t len) {
     if (len == 0) return &js_empty;
