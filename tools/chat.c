@@ -1,8 +1,9 @@
 /*
- * terrace chat -m MODEL [-sys SYSTEM] [-p FIRST_MESSAGE] [--chat-template NAME]
+ * terrace chat -m MODEL [-sys SYSTEM] [-p FIRST_MESSAGE] [--chat-template NAME|FILE.jinja]
  *
- * Interactive chat with the model's chat template (detected from tokenizer.chat_template, or
- * named with --chat-template). Each turn the whole conversation is formatted and tokenized again;
+ * Interactive chat with the model's own chat template (tokenizer.chat_template, rendered as
+ * jinja2 does), or one named with --chat-template. Reasoning (harmony analysis, <think>) goes to
+ * stderr, apart from the answer. Each turn the whole conversation is formatted and tokenized again;
  * only the tokens after the part the session already holds are evaluated, so earlier turns are
  * not recomputed. With -p and stdin not a terminal (or -p alone), it answers one message and
  * exits — handy for scripts and the demo.
@@ -12,7 +13,6 @@
 #include <unistd.h>
 
 #include "generate.h"
-#include "text/chat.h"
 
 static void chat_usage(FILE *f) {
     fprintf(f, "usage: terrace chat -m MODEL.gguf [-sys SYSTEM] [-p MESSAGE] [options]\n\n"
@@ -22,10 +22,39 @@ static void chat_usage(FILE *f) {
     gen_print_common_flags(f);
 }
 
-static void to_stdout(void *user, const char *s, size_t n) {
-    (void)user;
-    fwrite(s, 1, n, stdout);
-    fflush(stdout);
+/* the reply on screen: the answer on stdout, reasoning on stderr (dimmed on a terminal), so a
+ * script reading stdout gets only the answer */
+typedef struct reply_view {
+    tr_reasoning *split;
+    bool dim;          /* stderr is a terminal */
+    bool in_reasoning; /* reasoning printed and not yet ended with a newline */
+} reply_view;
+
+static void show(reply_view *v, const tr_reasoning_delta *d) {
+    if (d->reasoning_len) {
+        if (v->dim) fputs("\033[2m", stderr);
+        fwrite(d->reasoning, 1, d->reasoning_len, stderr);
+        if (v->dim) fputs("\033[0m", stderr);
+        fflush(stderr);
+        v->in_reasoning = true;
+    }
+    if (d->answer_len) {
+        if (v->in_reasoning) fputc('\n', stderr);
+        v->in_reasoning = false;
+        fwrite(d->answer, 1, d->answer_len, stdout);
+        fflush(stdout);
+    }
+}
+
+static void to_view(void *user, const char *s, size_t n) {
+    reply_view *v = user;
+    tr_reasoning_delta d;
+    tr_error err;
+    if (tr_reasoning_feed(v->split, s, n, &d, &err)) {
+        fwrite(s, 1, n, stdout); /* out of memory: show the text as it is */
+        return;
+    }
+    show(v, &d);
 }
 
 /* one line from stdin without its newline; NULL at end of input */
@@ -53,7 +82,7 @@ static char *read_line(void) {
 }
 
 typedef struct convo {
-    tr_chat_msg *msgs;
+    tr_chat_message *msgs;
     char **owned;
     size_t n, cap;
 } convo;
@@ -61,7 +90,7 @@ typedef struct convo {
 static bool convo_add(convo *c, const char *role, const char *content) {
     if (c->n == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 16;
-        tr_chat_msg *m = realloc(c->msgs, cap * sizeof *m);
+        tr_chat_message *m = realloc(c->msgs, cap * sizeof *m);
         if (!m) return false;
         c->msgs = m;
         char **o = realloc(c->owned, cap * sizeof *o);
@@ -90,34 +119,27 @@ int cmd_chat(int argc, char **argv) {
     int32_t *held = NULL; /* tokens the session holds, to find what a new turn adds */
     size_t n_held = 0;
     convo cv = {0};
+    tr_chat_template *tmpl = NULL;
+    reply_view view = {0};
     gen_state total = {0};
     telem tm = {0};
     tr_error err = {0};
     if (!load_model(&o, &ld)) goto out;
     if (!telem_open(&tm, o.telemetry, ld.model)) goto out;
 
-    tr_str tmpl = {0};
-    char *tmpl_c = NULL;
-    if (tr_gguf_kv_str(tr_model_gguf(ld.model), "tokenizer.chat_template", &tmpl)) {
-        tmpl_c = strndup(tmpl.ptr, (size_t)tmpl.len);
-        if (!tmpl_c) goto out;
-    }
-    /* files without a template: Gemma's converters often drop it, and its format is fixed */
-    const char *override = o.chat_template;
-    if (!tmpl_c && !override && !strcmp(tr_model_arch(ld.model), "gemma3")) {
-        override = "gemma";
-        fprintf(stderr, "terrace: no chat template in the file; using gemma for a gemma3 model\n");
-    }
-    tr_chat_style style;
-    const tr_status ds = tr_chat_detect(tmpl_c, override, &style, &err);
-    free(tmpl_c);
-    if (ds) {
+    if (tr_chat_template_load(ld.model, o.chat_template, &tmpl, &err)) {
         cli_error("%s", err.msg);
         goto out;
     }
     /* the template's end-of-turn strings stop generation too */
-    for (const char *const *st = tr_chat_stop_strings(style); st && *st; st++)
+    for (const char *const *st = tr_chat_template_stop_strings(tmpl); st && *st; st++)
         if (o.n_stop < (int)(sizeof o.stop / sizeof o.stop[0])) o.stop[o.n_stop++] = *st;
+    if (tr_reasoning_create(tmpl, NULL, o.reasoning_raw ? TR_REASONING_NONE : TR_REASONING_AUTO,
+                            &view.split, &err)) {
+        cli_error("%s", err.msg);
+        goto out;
+    }
+    view.dim = isatty(2);
 
     tr_session_params sp = session_params(&o);
     if (tr_session_create(ld.model, &sp, &s, &err)) {
@@ -138,7 +160,7 @@ int cmd_chat(int argc, char **argv) {
     }
     if (o.system && !convo_add(&cv, "system", o.system)) goto out;
     const bool interactive = isatty(0) || !o.prompt;
-    fprintf(stderr, "terrace: chat template %s, context %d tokens%s\n", tr_chat_style_name(style),
+    fprintf(stderr, "terrace: chat template %s, context %d tokens%s\n", tr_chat_template_name(tmpl),
             n_ctx, interactive ? "; /exit or Ctrl-D to quit" : "");
     const char *pending = o.prompt;
     for (;;) {
@@ -167,13 +189,18 @@ int cmd_chat(int argc, char **argv) {
         free(line);
         if (!ok) goto out;
         char *text = NULL;
-        if (tr_chat_format(style, cv.msgs, cv.n, true, &text, &err)) {
+        if (tr_chat_template_apply(tmpl, cv.msgs, cv.n, NULL, NULL, true, NULL, &text, &err) ||
+            tr_reasoning_reset(view.split, text, &err)) {
             cli_error("%s", err.msg);
+            tr_free(text);
             goto out;
         }
+        /* a template that writes bos_token itself gets no second one from the tokenizer */
+        const char *bos = tr_token_text(ld.tok, tr_token_bos(ld.tok), NULL);
+        const bool has_bos = bos && *bos && !strncmp(text, bos, strlen(bos));
         size_t n_tok = 0;
-        int32_t *toks = tokenize_alloc(ld.tok, text, strlen(text), true, true, &n_tok);
-        free(text);
+        int32_t *toks = tokenize_alloc(ld.tok, text, strlen(text), !has_bos, true, &n_tok);
+        tr_free(text);
         if (!toks) goto out;
         if ((int64_t)n_tok >= n_ctx) {
             free(toks);
@@ -188,7 +215,7 @@ int cmd_chat(int argc, char **argv) {
         tr_session_truncate(s, (int32_t)keep, &err);
         memcpy(held + keep, toks + keep, (n_tok - keep) * sizeof *toks);
         n_held = n_tok;
-        gen_state g = {.sink = to_stdout, .tm = &tm};
+        gen_state g = {.sink = to_view, .sink_user = &view, .tm = &tm};
         tr_sampler_reset(smp);
         const bool prefilled = gen_prefill(&g, s, toks + keep, n_tok - keep, logits);
         free(toks);
@@ -196,12 +223,16 @@ int cmd_chat(int argc, char **argv) {
             free(g.text);
             goto out;
         }
+        tr_reasoning_delta d;
+        if (!tr_reasoning_finish(view.split, &d, &err)) show(&view, &d);
+        if (view.in_reasoning) fputc('\n', stderr);
+        view.in_reasoning = false;
         fputc('\n', stdout);
         fflush(stdout);
-        /* the reply as the model wrote it (stop strings cut) becomes the assistant's turn; the
-         * session holds its tokens up to the last one sampled, which was not evaluated */
-        const bool added = convo_add(&cv, "assistant",
-                                     g.text ? g.text : "");
+        /* the answer (stop strings cut, reasoning apart) becomes the assistant's turn, as chat
+         * templates expect; the session holds its tokens up to the last one sampled, which was
+         * not evaluated */
+        const bool added = convo_add(&cv, "assistant", tr_reasoning_answer(view.split, NULL));
         free(g.text);
         if (!added) goto out;
         n_held = (size_t)tr_session_n_past(s) < n_held ? (size_t)tr_session_n_past(s) : n_held;
@@ -228,6 +259,8 @@ out:
     free(logits);
     tr_sampler_free(smp);
     tr_session_free(s);
+    tr_reasoning_free(view.split);
+    tr_chat_template_free(tmpl);
     if (ld.model) unload_model(&ld);
     return rc;
 }

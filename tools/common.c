@@ -14,7 +14,7 @@
 enum {
     F_MODEL, F_PROMPT, F_FILE, F_NPRED, F_CTX, F_BATCH, F_THREADS, F_SEED, F_TEMP, F_TOPK, F_TOPP,
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
-    F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
+    F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_REASONING, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
     F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
 };
@@ -50,7 +50,9 @@ static const flag k_flags[] = {
     {"-e,--escape", F_ESCAPE, false, "    process \\n, \\t, \\\\ ... in the prompt"},
     {"--stop,-r,--reverse-prompt", F_STOP, true, "TEXT stop when the output contains TEXT (repeatable)"},
     {"-sys,--system-prompt", F_SYS, true, "TEXT system prompt (chat)"},
-    {"--chat-template", F_TEMPLATE, true, "NAME  chat template style: chatml, llama3, gemma, mistral"},
+    {"--chat-template", F_TEMPLATE, true, "NAME|FILE.jinja  chat template: the model's own by default; a built-in format (chatml, llama3, gemma, mistral-v7 ...), a template the file carries, or a Jinja file"},
+    {"--jinja", F_JINJA, false, "       chat template (llama.cpp's switch; chat always uses it, run formats -p as a user turn)"},
+    {"--reasoning-format", F_REASONING, true, "auto|none  chat: show reasoning apart from the answer (auto, default) or as written"},
     {"-v,--verbose", F_VERBOSE, false, "     print the prompt's tokens and more detail"},
     {"--json", F_JSON, false, "        machine-readable output (bench)"},
     {"--repetitions", F_REPS, true, "N  repetitions (bench; default 3)"},
@@ -223,6 +225,14 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             break;
         case F_SYS: o->system = v; break;
         case F_TEMPLATE: o->chat_template = v; break;
+        case F_JINJA: o->jinja = true; break;
+        case F_REASONING:
+            if (!strcmp(v, "none")) o->reasoning_raw = true;
+            else if (strcmp(v, "auto") && strcmp(v, "deepseek")) {
+                cli_error("--reasoning-format expects auto, deepseek or none, got '%s'", v);
+                return false;
+            }
+            break;
         case F_VERBOSE: o->verbose = true; break;
         case F_JSON: o->json = true; break;
         case F_REPS: if (!cli_parse_int(a, v, 1, 1000, &n)) return false; o->reps = (int32_t)n; break;

@@ -15,7 +15,9 @@ typedef struct gen_opts {
     const char *prompt;       /* -p */
     const char *prompt_file;  /* -f */
     const char *system;       /* -sys (chat) */
-    const char *chat_template;
+    const char *chat_template; /* --chat-template NAME|FILE.jinja */
+    bool jinja;                /* --jinja (llama.cpp's switch): run formats the prompt as a chat */
+    bool reasoning_raw;        /* --reasoning-format none: reasoning stays in the reply */
     int32_t n_predict;        /* -n; -1 = until end of generation or context */
     int32_t n_ctx, n_batch, n_threads;
     bool no_mmap, ignore_eos, no_display_prompt, escape, verbose;
