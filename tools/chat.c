@@ -134,7 +134,7 @@ int cmd_chat(int argc, char **argv) {
     /* the template's end-of-turn strings stop generation too */
     for (const char *const *st = tr_chat_template_stop_strings(tmpl); st && *st; st++)
         if (o.n_stop < (int)(sizeof o.stop / sizeof o.stop[0])) o.stop[o.n_stop++] = *st;
-    if (tr_reasoning_create(tmpl, NULL, o.reasoning_raw ? TR_REASONING_NONE : TR_REASONING_AUTO,
+    if (tr_reasoning_create(tmpl, NULL, o.reasoning_none ? TR_REASONING_NONE : TR_REASONING_AUTO,
                             &view.split, &err)) {
         cli_error("%s", err.msg);
         goto out;

@@ -15,12 +15,11 @@ typedef struct gen_opts {
     const char *prompt;       /* -p */
     const char *prompt_file;  /* -f */
     const char *system;       /* -sys (chat) */
-    const char *chat_template; /* --chat-template NAME|FILE.jinja */
-    bool jinja;                /* --jinja (llama.cpp's switch): run formats the prompt as a chat */
-    bool reasoning_raw;        /* --reasoning-format none: reasoning stays in the reply */
+    const char *chat_template;
     int32_t n_predict;        /* -n; -1 = until end of generation or context */
     int32_t n_ctx, n_batch, n_threads;
     bool no_mmap, ignore_eos, no_display_prompt, escape, verbose;
+    bool reasoning_none; /* chat --reasoning-format none */
     tr_sampler_params sampling;
     const char *stop[16];
     int n_stop;
@@ -35,6 +34,7 @@ typedef struct gen_opts {
     const char *expert_policy;
     int expert_prefetch, io_threads;
     tr_session_params kv; /* the --kv-* flags (n_ctx/n_batch come from -c/-b) */
+    bool jinja;           /* --jinja: run formats -p as a chat turn with the chat template */
 } gen_opts;
 
 /* parses argv into o (defaults first); on a bad flag prints why and returns false */
