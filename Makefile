@@ -4,6 +4,7 @@
 #   make demo       install what is missing, build, run the main job on the default model
 #   make bench-kernels   matvec bandwidth table (not part of make test)
 #   make fuzz       run the GGUF reader fuzzer for FUZZ_SECONDS (default 300)
+#   make fuzz-jinja run the chat-template engine's fuzzer for FUZZ_SECONDS
 
 CC      ?= cc
 ARCH    := $(shell $(CC) -dumpmachine | cut -d- -f1)
@@ -52,7 +53,7 @@ MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include
 SONAME  := libterrace.so.$(MAJOR)
 
 .PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-kv \
-        bench-kv-quality bench-replay bench-kernels cross-aarch64 fuzz fuzz-build format
+        bench-kv-quality bench-replay bench-kernels cross-aarch64 fuzz fuzz-build fuzz-jinja format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
@@ -202,7 +203,8 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
 
 # ---- fuzzing (clang + libFuzzer) ----------------------------------------------------------------
 FUZZ_SECONDS ?= 300
-FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+               -fno-omit-frame-pointer
 
 # the reader and what it links against; no SIMD files (nothing of theirs is reachable from it)
 FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/tensor/types.c src/tensor/dequant.c \
@@ -212,11 +214,24 @@ build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard src/*/*.h include/
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LDLIBS)
 
-fuzz-build: build/fuzz/fuzz_gguf
+# the template engine and the reasoning splitter, nothing else
+FUZZ_JINJA_SRC := $(wildcard src/text/jinja_*.c) src/text/reasoning.c src/core/error.c
+
+build/fuzz/fuzz_jinja: fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) $(wildcard src/*/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) -lm
+
+fuzz-build: build/fuzz/fuzz_gguf build/fuzz/fuzz_jinja
 
 fuzz: deps build/fuzz/fuzz_gguf
 	@mkdir -p fuzz/corpus
 	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 fuzz/corpus
+
+# new inputs go to fuzz/corpus-jinja; the shared chat templates seed it (read only)
+fuzz-jinja: deps build/fuzz/fuzz_jinja
+	@mkdir -p fuzz/corpus-jinja
+	build/fuzz/fuzz_jinja -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
+	    -dict=fuzz/jinja.dict fuzz/corpus-jinja $(wildcard ../shared/testdata/templates)
 
 format:
 	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/*/*/*.[ch] tools/*.[ch] tests/*.[ch] bench/*.c fuzz/*.c)

@@ -19,8 +19,8 @@ TMP=$(mktemp -d /tmp/terrace-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
 # the C tests; each needs a run below in build/ and in build/asan/
-TESTS=(test_api test_chat test_dequant test_expert_cache test_gguf test_kernels test_kv test_model test_moe
-       test_policy test_pool test_sample test_tokenizer)
+TESTS=(test_api test_chat test_dequant test_expert_cache test_gguf test_jinja test_kernels test_kv
+       test_model test_moe test_policy test_pool test_sample test_tokenizer)
 
 declare -a RESULTS
 declare -A USED # test binaries a run (or a skip) accounted for
@@ -140,12 +140,27 @@ run "test_kv [$TSAN_BUILD]" "$TSAN_BUILD"/tests/test_kv
 run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; default model" \
     $PY tests/py/test_kv_policies.py build/terrace "$(bash scripts/get_model.sh smollm2)"
 
-# --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
+# --- fuzz corpus replay (the long fuzz runs are `make fuzz` and `make fuzz-jinja`) -----------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \
         build/fuzz/fuzz_gguf -runs=0 fuzz/corpus
+    run "chat-template fuzz corpus replay ($(ls fuzz/corpus-jinja | wc -l) inputs)" \
+        build/fuzz/fuzz_jinja -runs=0 -timeout=30 fuzz/corpus-jinja
 else
     skip "fuzz corpus replay" "clang/libFuzzer not available"
+fi
+
+# --- chat templates: the Jinja engine against jinja2 (HF's environment), chat with the models'
+# own templates ------------------------------------------------------------------------------
+for b in build "$ASAN_BUILD"; do
+    run "test_jinja [$b]" "$b/tests/test_jinja"
+done
+run "random templates vs jinja2 (1500, seed 1)" $PY tests/py/jinja_diff.py build/tests/test_jinja 1500 1
+if need_testdata "chat templates vs jinja2"; then
+    run "every shared chat template vs jinja2, 16 conversations x add_generation_prompt [$ASAN_BUILD]" \
+        $PY tests/py/test_templates.py "$ASAN_BUILD/terrace" "$TESTDATA/templates"
+    run "chat with the models' own templates: gpt-oss, phimoe, qwen3moe, R1-distill [$ASAN_BUILD]" \
+        $PY tests/py/test_chat_templates.py "$ASAN_BUILD/terrace" "$TESTDATA/templates"
 fi
 
 # --- thread pool under ThreadSanitizer ---------------------------------------------------------

@@ -358,7 +358,10 @@ static int32_t *render_tokens(chat *c, size_t *n, char **text_out) {
         cli_error("chat template: %s", err.msg);
         return NULL;
     }
-    int32_t *toks = tokenize_alloc(c->ld.tok, text, strlen(text), true, true, n);
+    /* a template that writes bos_token itself gets no second one from the tokenizer */
+    const char *bos = tr_token_text(c->ld.tok, tr_token_bos(c->ld.tok), NULL);
+    const bool has_bos = bos && *bos && !strncmp(text, bos, strlen(bos));
+    int32_t *toks = tokenize_alloc(c->ld.tok, text, strlen(text), !has_bos, true, n);
     if (text_out && toks) *text_out = text;
     else tr_free(text);
     return toks;

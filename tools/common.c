@@ -14,7 +14,7 @@
 enum {
     F_MODEL, F_PROMPT, F_FILE, F_NPRED, F_CTX, F_BATCH, F_THREADS, F_SEED, F_TEMP, F_TOPK, F_TOPP,
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
-    F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
+    F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
     F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
     F_REASONING,
@@ -86,6 +86,7 @@ static const flag k_flags[] = {
     {"--kv-host-keys", F_KVHOSTKEYS, true, "N  storage agent: the host keeps scoring keys for N recent positions per layer, its share's limit (default: all)"},
     {"--kv-app-rates", F_KVAPPRATES, true, "FC,FS,BC,BS storage agent: APP's rates instead of measured ones: host and agent scoring (M tokens/s: beta = FC/FS), hot-pool copies and agent rows (GB/s, reported); 0 = measure that one"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
+    {"--jinja", F_JINJA, false, "       the chat template (llama.cpp's switch; chat always uses it, run formats -p as a user turn)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
 
@@ -342,6 +343,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             o->kv.kv_bkp = v;
             break;
         case F_CHUNKS: if (!cli_parse_int(a, v, 1, 1 << 20, &n)) return false; o->n_chunks = (int32_t)n; break;
+        case F_JINJA: o->jinja = true; break;
         case F_HELP: usage(stdout); exit(0);
         }
     }

@@ -35,6 +35,7 @@ typedef struct gen_opts {
     const char *expert_policy;
     int expert_prefetch, io_threads;
     tr_session_params kv; /* the --kv-* flags (n_ctx/n_batch come from -c/-b) */
+    bool jinja;           /* --jinja: run formats -p as a chat turn with the chat template */
 } gen_opts;
 
 /* parses argv into o (defaults first); on a bad flag prints why and returns false */

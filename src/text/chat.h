@@ -104,6 +104,10 @@ tr_status tr_chat_format(tr_chat_style style, const tr_chat_msg *msgs, size_t n,
  */
 const char *const *tr_chat_stop_strings(tr_chat_style style);
 
+/* tr_reasoning_create for a template given by its Jinja source (NULL for a built-in format) */
+tr_status tr_reasoning_create_for(const char *template_source, const char *prompt,
+                                  tr_reasoning_format fmt, tr_reasoning **out, tr_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -32,6 +32,11 @@ struct tr_chat_template {
 
 void tr_free(void *p) { free(p); }
 
+tr_status tr_reasoning_create(const tr_chat_template *t, const char *prompt, tr_reasoning_format fmt,
+                              tr_reasoning **out, tr_error *err) {
+    return tr_reasoning_create_for(t ? t->source : NULL, prompt, fmt, out, err);
+}
+
 /* ---- stop strings ----------------------------------------------------------------------------- */
 
 static const char *const stop_none[] = {NULL};

@@ -414,16 +414,64 @@ typedef struct jtok {
     double f;    /* FLOAT */
 } jtok;
 
+/* a growing list of nodes in an arena */
+typedef struct nvec {
+    jnode **v;
+    size_t n, cap;
+} nvec;
+void jn_push(jz *z, nvec *v, jnode *x);
+
 /* tokenizes the whole template (jinja2's lexer with trim_blocks and lstrip_blocks) */
 void jlex(jz *z, const char *src, size_t len, jtok **toks, size_t *ntoks);
 const char *jt_describe(const jtok *t); /* jinja2's describe_token */
 
+/* ---- the parser's shared pieces (jinja_parse.c: tokens and expressions, jinja_stmt.c) -------- */
+
+typedef struct parser {
+    tr_jinja *t;
+    jz *z;
+    const jtok *tok;
+    size_t n, i;
+    /* jinja2's stacks for its end-of-template messages */
+    const char *tag_stack[256];
+    int n_tags;
+    const char *const *end_stack[256];
+    int n_ends;
+    int loop_depth;  /* for break/continue */
+    int expr_depth;
+} parser;
+
+const jtok *jp_cur(const parser *p);
+const jtok *jp_next_tok(parser *p);
+void jp_check_error(const parser *p, const jtok *t);
+const jtok *jp_expect(parser *p, jt_kind k);
+void jp_expect_name(parser *p, const char *v);
+bool jp_is_name(const jtok *t, const char *v);
+bool jp_skip_if(parser *p, jt_kind k);
+bool jp_skip_name(parser *p, const char *v);
+const char *jp_describe_expr(const char *e);
+_Noreturn void jp_pfail(parser *p, int line, const char *fmt, ...) TR_PRINTF(3, 4);
+void jp_late_fail(parser *p, int line, const char *kind, const char *msg);
+jnode *jp_mk(parser *p, jn_kind k, int line);
+void jp_nv_push(parser *p, nvec *v, jnode *x);
+jnodes jp_nv_done(nvec v);
+int jp_sym_of(parser *p, const jstr *name);
+jnode *jp_parse_expression(parser *p, bool with_condexpr);
+jnode *jp_parse_tuple(parser *p, bool simplified, bool with_condexpr, const char *extra_end,
+                      bool explicit_parens, bool with_namespace);
+jnode *jp_parse_primary(parser *p, bool with_namespace);
+jnode *jp_parse_filter(parser *p, jnode *node, bool start_inline);
+
 /* the parser: builds t->body and the symbol table */
 void jparse(tr_jinja *t, const jtok *toks, size_t ntoks);
-/* jinja2's constant folding (jinja_eval.c), then its compile-time checks on the folded tree
- * (jinja_parse.c; fails the parse) */
+/* jinja2's symbol analysis of every frame (jinja_scope.c) */
+void jscope_analyse(tr_jinja *t);
+/* jinja2's constant folding (jinja_fold.c), then its compile-time checks on the folded tree
+ * (jinja_scope.c; fails the parse) */
 void jfold(tr_jinja *t);
 void jcheck(tr_jinja *t);
+/* records a compile-time error, raised by jcheck (the first one wins) */
+void jlate_fail(tr_jinja *t, int line, const char *kind, const char *msg);
 
 /* ---- rendering (jinja_eval.c) ------------------------------------------------------------------ */
 
@@ -483,6 +531,11 @@ jv jr_getattr(jrender *r, jv obj, jstr *name);
 jv jr_getitem(jrender *r, jv obj, jv key);
 jv jr_call(jrender *r, jv fn, jlist *args, jdict *kw);
 jv jr_slice(jrender *r, jv obj, jv start, jv stop, jv step);
+jv jr_eval(jrender *r, jframe *f, const jnode *n);
+jv jr_binop(jrender *r, jop op, jv a, jv b); /* + - * / // % ** */
+jv jr_unary(jrender *r, bool neg, jv v);     /* -x, +x */
+/* can jinja2's optimizer evaluate this filter or test at compile time? (jinja_fold.c) */
+bool jr_filter_foldable(const jnode *n);
 /* takes items from the loop's source until item k exists; false if the source ends first */
 bool jr_loop_have(jrender *r, jloop *l, size_t k);
 
@@ -500,12 +553,75 @@ jv jb_call(jrender *r, jfunc *fn, jlist *args, jdict *kw);
  * true and *out when obj has the attribute */
 bool jb_attr(jrender *r, jv obj, const jstr *name, jv *out);
 
+/* generators (jinja_gen.c): made by the filters, stepped by jg_next */
+enum { JG_SELECT, JG_MAP, JG_UNIQUE, JG_ITEMS, JG_REVERSE, JG_BATCH, JG_SLICE };
+
+struct jgen {
+    uint8_t kind;
+    bool started, done;
+    const char *type_name; /* generator, list_reverseiterator ... */
+    jrender *r;
+    jv src;
+    jlist *items; /* the source's items when it is not a generator */
+    size_t pos;
+    /* select / reject / selectattr / rejectattr */
+    bool reject, by_attr, truth_only;
+    jlist *attr_parts;
+    int test_id;
+    const char *test_name;
+    /* map: a filter or an attribute */
+    bool map_attr;
+    int filter_id;
+    const char *filter_name;
+    jv dflt;
+    bool has_dflt;
+    jlist *args;
+    jdict *kw;
+    /* unique */
+    jlist *seen;
+    bool case_sensitive;
+    /* batch / slice */
+    int64_t count;
+    jv fill;
+    bool has_fill;
+    int64_t slice_no, per_slice, with_extra, offset;
+};
+jgen *jg_new(jrender *r, int kind, jv src);
+jv jv_of_gen(jgen *g);
+/* map(attribute=...) / selectattr paths: "a.b.0" as keys ['a', 'b', 0] */
+jlist *jb_attr_parts(jrender *r, jv attribute);
+jv jb_attr_path(jrender *r, jv item, const jlist *parts, const jv *dflt);
+jv jb_ignore_case(jrender *r, jv v); /* lower() for strings, as the filters' case_sensitive=False */
+
 /* Python-style binding of arguments to parameters named in `params` (np of them, the first nreq
  * required): out[i] receives the argument, given[i] whether there was one. fn names the callable
  * in TypeError messages; `self_n` positional arguments come before args (a filter's or test's
  * value) and count in those messages. */
 void jb_bind(jrender *r, const char *fn, const char *const *params, size_t np, size_t nreq,
              size_t self_n, const jlist *args, const jdict *kw, jv *out, bool *given);
+/* builtin function and method ids (jinja_methods.c; str methods in jinja_str.c) */
+enum {
+    G_RANGE = 0, G_DICT, G_NAMESPACE, G_CYCLER, G_JOINER, G_LIPSUM, G_RAISE, G_STRFTIME, G_COUNT_,
+    /* str */
+    S_CAPITALIZE = 100, S_CASEFOLD, S_CENTER, S_COUNT, S_ENDSWITH, S_FIND, S_FORMAT, S_INDEX,
+    S_ISALNUM, S_ISALPHA, S_ISASCII, S_ISDECIMAL, S_ISDIGIT, S_ISIDENTIFIER, S_ISLOWER,
+    S_ISNUMERIC, S_ISPRINTABLE, S_ISSPACE, S_ISTITLE, S_ISUPPER, S_JOIN, S_LJUST, S_LOWER,
+    S_LSTRIP, S_PARTITION, S_REMOVEPREFIX, S_REMOVESUFFIX, S_REPLACE, S_RFIND, S_RINDEX,
+    S_RJUST, S_RPARTITION, S_RSPLIT, S_RSTRIP, S_SPLIT, S_SPLITLINES, S_STARTSWITH, S_STRIP,
+    S_SWAPCASE, S_TITLE, S_UPPER, S_ZFILL,
+    /* dict, list, tuple, range */
+    D_GET = 200, D_ITEMS, D_KEYS, D_VALUES, D_COPY,
+    L_COUNT, L_INDEX, L_COPY,
+    /* jinja2 objects */
+    O_LOOP_CYCLE = 300, O_LOOP_CHANGED, O_CYCLER_NEXT, O_CYCLER_RESET,
+    UNSUPPORTED_METHOD = 999,
+};
+jv jb_call_str(jrender *r, jfunc *fn, jlist *args, jdict *kw);
+/* Python's errors for builtin methods' arguments */
+void jb_no_kwargs(jrender *r, const char *fn, const jdict *kw);
+void jb_nargs(jrender *r, const char *fn, const jlist *args, size_t lo, size_t hi);
+jstr *jb_want_str(jrender *r, jv v, const char *what);
+int64_t jb_want_int(jrender *r, jv v, const char *what);
 jv jb_add(jrender *r, jv a, jv b);    /* Python's a + b */
 jv jb_mod(jrender *r, jv a, jv b);    /* Python's a % b */
 bool jb_in(jrender *r, jv needle, jv hay);

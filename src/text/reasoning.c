@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "terrace.h"
+#include "text/chat.h"
 
 typedef struct rbuf {
     char *p;
@@ -245,6 +245,15 @@ static void deltas(tr_reasoning *r, tr_reasoning_delta *out) {
     out->answer_len = r->d_answer.len;
 }
 
+/* the last occurrence of needle in s, or NULL (one pass: prompts can be megabytes) */
+static const char *last_of(const char *s, const char *needle) {
+    if (!s) return NULL;
+    const size_t n = strlen(s), m = strlen(needle);
+    for (size_t i = n >= m ? n - m + 1 : 0; i-- > 0;)
+        if (s[i] == needle[0] && !memcmp(s + i, needle, m)) return s + i;
+    return NULL;
+}
+
 /* the state a reply starts in, from the end of its prompt */
 static void start_state(tr_reasoning *r, const char *prompt) {
     r->pending.len = r->ws.len = r->header.len = 0;
@@ -262,8 +271,7 @@ static void start_state(tr_reasoning *r, const char *prompt) {
     if (r->harmony) {
         /* the reply continues the prompt's last message: <|start|>assistant... */
         r->state = S_H_HEADER;
-        const char *last = NULL;
-        for (const char *p = prompt; p && (p = strstr(p, "<|start|>")); p += 9) last = p;
+        const char *last = last_of(prompt, "<|start|>");
         if (last) {
             const char *tail = last + 9;
             const char *msg = strstr(tail, "<|message|>");
@@ -281,9 +289,7 @@ static void start_state(tr_reasoning *r, const char *prompt) {
         return;
     }
     r->state = S_START;
-    const char *open = NULL, *close = NULL;
-    for (const char *p = prompt; p && (p = strstr(p, "<think>")); p += 7) open = p;
-    for (const char *p = prompt; p && (p = strstr(p, "</think>")); p += 8) close = p;
+    const char *open = last_of(prompt, "<think>"), *close = last_of(prompt, "</think>");
     if (open && (!close || close < open)) {
         r->state = S_THINK;
         /* text already in the prompt after <think> counts as started reasoning */
@@ -292,8 +298,8 @@ static void start_state(tr_reasoning *r, const char *prompt) {
     }
 }
 
-tr_status tr_reasoning_create(const tr_chat_template *t, const char *prompt, tr_reasoning_format fmt,
-                              tr_reasoning **out, tr_error *err) {
+tr_status tr_reasoning_create_for(const char *src, const char *prompt, tr_reasoning_format fmt,
+                                  tr_reasoning **out, tr_error *err) {
     if (!out) return tr_fail(err, TR_E_ARG, "tr_reasoning_create: out is NULL");
     *out = NULL;
     if (fmt != TR_REASONING_AUTO && fmt != TR_REASONING_NONE)
@@ -301,7 +307,6 @@ tr_status tr_reasoning_create(const tr_chat_template *t, const char *prompt, tr_
     tr_reasoning *r = calloc(1, sizeof *r);
     if (!r) return tr_fail(err, TR_E_NOMEM, "out of memory");
     r->fmt = fmt;
-    const char *src = tr_chat_template_source(t);
     r->harmony = src && strstr(src, "<|channel|>") && strstr(src, "<|start|>");
     start_state(r, prompt);
     if (r->failed) {

@@ -1,11 +1,7 @@
 /*
- * jinja2's builtin filters and tests, with its semantics (filters.py / tests.py) and Hugging
- * Face's tojson in place of jinja2's (json.dumps with ensure_ascii=False, indent, separators,
- * sort_keys: no HTML escaping).
- *
- * select, reject, selectattr, rejectattr, map, unique, items, batch and slice return lazy,
- * single-pass generators as in Python: `x|selectattr(...)` is truthy even when empty, has no
- * length, and is consumed by the first loop over it. |reverse of a sequence is an iterator too.
+ * jinja2's builtin filters with its semantics (filters.py) and Hugging Face's tojson in place of
+ * jinja2's (json.dumps with ensure_ascii=False, indent, separators, sort_keys: no HTML
+ * escaping). select, map, unique ... return the lazy generators of jinja_gen.c.
  *
  * Filters jinja2 has that only make sense with HTML escaping or randomness (escape, safe,
  * forceescape, urlize, random ...) fail as unsupported when a template runs them.
@@ -38,229 +34,10 @@ static const char *const k_filters[FL_COUNT_] = {
     "unique", "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr", "tojson",
 };
 
-enum {
-    TS_ODD, TS_EVEN, TS_DIVISIBLEBY, TS_DEFINED, TS_UNDEFINED, TS_FILTER, TS_TEST, TS_NONE,
-    TS_BOOLEAN, TS_FALSE, TS_TRUE, TS_INTEGER, TS_FLOAT, TS_LOWER, TS_UPPER, TS_STRING,
-    TS_MAPPING, TS_NUMBER, TS_SEQUENCE, TS_ITERABLE, TS_CALLABLE, TS_SAMEAS, TS_ESCAPED, TS_IN,
-    TS_EQ1, TS_EQ, TS_EQUALTO, TS_NE1, TS_NE, TS_GT1, TS_GT, TS_GREATERTHAN, TS_GE, TS_GE1,
-    TS_LT1, TS_LT, TS_LESSTHAN, TS_LE1, TS_LE, TS_COUNT_
-};
-
-static const char *const k_tests[TS_COUNT_] = {
-    "odd", "even", "divisibleby", "defined", "undefined", "filter", "test", "none", "boolean",
-    "false", "true", "integer", "float", "lower", "upper", "string", "mapping", "number",
-    "sequence", "iterable", "callable", "sameas", "escaped", "in", "==", "eq", "equalto", "!=",
-    "ne", ">", "gt", "greaterthan", "ge", ">=", "<", "lt", "lessthan", "<=", "le",
-};
-
 int jb_filter_id(const char *name) {
     for (int i = 0; i < FL_COUNT_; i++)
         if (!strcmp(name, k_filters[i])) return i;
     return -1;
-}
-
-int jb_test_id(const char *name) {
-    for (int i = 0; i < TS_COUNT_; i++)
-        if (!strcmp(name, k_tests[i])) return i;
-    return -1;
-}
-
-/* ---- generators ------------------------------------------------------------------------------- */
-
-enum { JG_SELECT, JG_MAP, JG_UNIQUE, JG_ITEMS, JG_REVERSE, JG_BATCH, JG_SLICE };
-
-struct jgen {
-    uint8_t kind;
-    bool started, done;
-    const char *type_name; /* generator, list_reverseiterator ... */
-    jrender *r;
-    jv src;
-    jlist *items; /* the source's items when it is not a generator */
-    size_t pos;
-    /* select / reject / selectattr / rejectattr */
-    bool reject, by_attr, truth_only;
-    jlist *attr_parts;
-    int test_id;
-    const char *test_name;
-    /* map: a filter or an attribute */
-    bool map_attr;
-    int filter_id;
-    const char *filter_name;
-    jv dflt;
-    bool has_dflt;
-    jlist *args;
-    jdict *kw;
-    /* unique */
-    jlist *seen;
-    bool case_sensitive;
-    /* batch / slice */
-    int64_t count;
-    jv fill;
-    bool has_fill;
-    int64_t slice_no, per_slice, with_extra, offset;
-};
-
-static jgen *gen_new(jrender *r, int kind, jv src) {
-    jgen *g = jz_alloc(&r->z, sizeof *g);
-    g->kind = (uint8_t)kind;
-    g->r = r;
-    g->src = src;
-    g->type_name = "generator";
-    return g;
-}
-
-static jv of_gen(jgen *g) { return (jv){.k = JV_GEN, .g = g}; }
-
-const char *jg_type_name(const jgen *g) { return g->type_name; }
-
-/* the next item of the generator's source */
-static bool src_next(jz *z, jgen *g, jv *out) {
-    if (g->src.k == JV_GEN) return jg_next(z, g->src.g, out);
-    if (!g->items) g->items = jv_iter_list(z, g->src);
-    if (g->pos >= g->items->n) return false;
-    *out = g->items->v[g->pos++];
-    return true;
-}
-
-static jlist *attr_parts(jrender *r, jv attribute) {
-    /* _prepare_attribute_parts: "a.b.0" -> ['a', 'b', 0]; None -> [] */
-    jz *z = &r->z;
-    jlist *parts = jl_new(z, 0);
-    if (attribute.k == JV_NONE || attribute.k == JV_UNDEF) return parts;
-    if (attribute.k != JV_STR) {
-        jl_push(z, parts, attribute);
-        return parts;
-    }
-    const jstr *s = attribute.s;
-    size_t start = 0;
-    for (size_t i = 0; i <= s->len; i++) {
-        if (i < s->len && s->p[i] != '.') continue;
-        const char *p = s->p + start;
-        const size_t n = i - start;
-        bool digits = n > 0;
-        for (size_t k = 0; k < n; k++) digits &= p[k] >= '0' && p[k] <= '9';
-        if (digits && n < 18) jl_push(z, parts, jv_int(strtoll(p, NULL, 10)));
-        else jl_push(z, parts, jv_str(z, p, n));
-        start = i + 1;
-    }
-    return parts;
-}
-
-static jv get_attr_path(jrender *r, jv item, const jlist *parts, const jv *dflt) {
-    for (size_t i = 0; i < parts->n; i++) {
-        item = jr_getitem(r, item, parts->v[i]);
-        if (dflt && item.k == JV_UNDEF) item = *dflt;
-    }
-    return item;
-}
-
-static jv ignore_case(jrender *r, jv v) { return v.k == JV_STR ? jv_of_str(js_lower(&r->z, v.s)) : v; }
-
-bool jg_next(jz *z, jgen *g, jv *out) {
-    jrender *r = g->r;
-    if (g->done) return false;
-    if (!g->started) {
-        g->started = true;
-        /* the generator bodies of select/map start with `if value:` */
-        if ((g->kind == JG_SELECT || g->kind == JG_MAP) && !jv_truthy(z, g->src)) {
-            g->done = true;
-            return false;
-        }
-        if (g->kind == JG_ITEMS) {
-            if (g->src.k == JV_UNDEF) {
-                g->done = true;
-                return false;
-            }
-            if (g->src.k != JV_DICT) jz_fail(z, "TypeError", "Can only get item pairs from a mapping.");
-        }
-        if (g->kind == JG_SELECT && !g->by_attr && g->truth_only == false && g->test_id < 0 && g->test_name)
-            jz_fail(z, "TemplateRuntimeError", "No test named '%s'.", g->test_name);
-        if (g->kind == JG_SLICE) {
-            g->items = jv_iter_list(z, g->src);
-            const int64_t len = (int64_t)g->items->n;
-            g->per_slice = len / g->count;
-            g->with_extra = len % g->count;
-        }
-    }
-    jv x;
-    switch (g->kind) {
-    case JG_SELECT:
-        while (src_next(z, g, &x)) {
-            const jv v = g->by_attr ? get_attr_path(r, x, g->attr_parts, NULL) : x;
-            bool keep;
-            if (g->truth_only) keep = jv_truthy(z, v);
-            else keep = jb_test(r, g->test_id, g->test_name, v, g->args, g->kw);
-            if (keep != g->reject) {
-                *out = x;
-                return true;
-            }
-        }
-        break;
-    case JG_MAP:
-        if (src_next(z, g, &x)) {
-            if (g->map_attr) *out = get_attr_path(r, x, g->attr_parts, g->has_dflt ? &g->dflt : NULL);
-            else *out = jb_filter(r, g->filter_id, g->filter_name, x, g->args, g->kw);
-            return true;
-        }
-        break;
-    case JG_UNIQUE:
-        while (src_next(z, g, &x)) {
-            jv key = get_attr_path(r, x, g->attr_parts, NULL);
-            if (!g->case_sensitive) key = ignore_case(r, key);
-            jv_check_hashable(z, key);
-            bool seen = false;
-            for (size_t i = 0; i < g->seen->n && !seen; i++) seen = jv_eq(z, g->seen->v[i], key);
-            if (!seen) {
-                jl_push(z, g->seen, key);
-                *out = x;
-                return true;
-            }
-        }
-        break;
-    case JG_ITEMS:
-        if (g->pos < g->src.d->n) {
-            *out = jv_tuple2(z, g->src.d->keys[g->pos], g->src.d->vals[g->pos]);
-            g->pos++;
-            return true;
-        }
-        break;
-    case JG_REVERSE:
-        if (!g->items) {
-            g->items = jv_iter_list(z, g->src);
-            g->pos = g->items->n;
-        }
-        if (g->pos > 0) {
-            *out = g->items->v[--g->pos];
-            return true;
-        }
-        break;
-    case JG_BATCH: {
-        jlist *tmp = jl_new(z, (size_t)(g->count < 64 ? g->count : 64));
-        while ((int64_t)tmp->n < g->count && src_next(z, g, &x)) jl_push(z, tmp, x);
-        if (tmp->n == 0) break;
-        if ((int64_t)tmp->n < g->count && g->has_fill)
-            while ((int64_t)tmp->n < g->count) jl_push(z, tmp, g->fill);
-        *out = jv_of_list(tmp);
-        return true;
-    }
-    case JG_SLICE:
-        if (g->slice_no < g->count) {
-            const int64_t k = g->slice_no;
-            const int64_t start = g->offset + k * g->per_slice;
-            if (k < g->with_extra) g->offset++;
-            const int64_t end = g->offset + (k + 1) * g->per_slice;
-            jlist *tmp = jl_new(z, 0);
-            for (int64_t i = start; i < end && i < (int64_t)g->items->n; i++) jl_push(z, tmp, g->items->v[i]);
-            if (g->has_fill && k >= g->with_extra) jl_push(z, tmp, g->fill);
-            g->slice_no++;
-            *out = jv_of_list(tmp);
-            return true;
-        }
-        break;
-    default: break;
-    }
-    g->done = true;
-    return false;
 }
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
@@ -369,13 +146,13 @@ static void sort_by(jrender *r, jv *items, jv *keys, size_t n, bool reverse) {
 static jv to_list(jrender *r, jv v) {
     if (v.k == JV_LIST && v.l->view == JL_PLAIN) {
         jlist *l = jl_new(&r->z, v.l->n);
-        memcpy(l->v, v.l->v, v.l->n * sizeof(jv));
+        if (v.l->n) memcpy(l->v, v.l->v, v.l->n * sizeof(jv));
         l->n = v.l->n;
         return jv_of_list(l);
     }
     const jlist *src = jv_iter_list(&r->z, v);
     jlist *l = jl_new(&r->z, src->n);
-    memcpy(l->v, src->v, src->n * sizeof(jv));
+    if (src->n) memcpy(l->v, src->v, src->n * sizeof(jv));
     l->n = src->n;
     return jv_of_list(l);
 }
@@ -471,13 +248,13 @@ static jv round_float(jrender *r, jv v, int64_t prec, const char *method) {
 
 static jv select_gen(jrender *r, jv v, const jlist *args, jdict *kw, bool reject, bool by_attr) {
     jz *z = &r->z;
-    jgen *g = gen_new(r, JG_SELECT, v);
+    jgen *g = jg_new(r, JG_SELECT, v);
     g->reject = reject;
     g->by_attr = by_attr;
     size_t off = 0;
     if (by_attr) {
         if (args->n < 1) jz_fail(z, "FilterArgumentError", "Missing parameter for attribute name");
-        g->attr_parts = attr_parts(r, args->v[0]);
+        g->attr_parts = jb_attr_parts(r, args->v[0]);
         off = 1;
     }
     if (args->n > off) {
@@ -499,16 +276,16 @@ static jv select_gen(jrender *r, jv v, const jlist *args, jdict *kw, bool reject
     } else {
         g->truth_only = true;
     }
-    return of_gen(g);
+    return jv_of_gen(g);
 }
 
 static jv map_gen(jrender *r, jv v, const jlist *args, jdict *kw) {
     jz *z = &r->z;
-    jgen *g = gen_new(r, JG_MAP, v);
+    jgen *g = jg_new(r, JG_MAP, v);
     jv attr;
     if (args->n == 0 && jd_getc(kw, "attribute", &attr)) {
         g->map_attr = true;
-        g->attr_parts = attr_parts(r, attr);
+        g->attr_parts = jb_attr_parts(r, attr);
         for (size_t i = 0; i < kw->n; i++) {
             const jstr *k = kw->keys[i].s;
             if (js_eqc(k, "attribute")) continue;
@@ -519,7 +296,7 @@ static jv map_gen(jrender *r, jv v, const jlist *args, jdict *kw) {
             }
             jz_fail(z, "FilterArgumentError", "Unexpected keyword argument '%s'", k->p);
         }
-        return of_gen(g);
+        return jv_of_gen(g);
     }
     if (args->n == 0) jz_fail(z, "FilterArgumentError", "map requires a filter argument");
     const jv name = args->v[0];
@@ -529,7 +306,7 @@ static jv map_gen(jrender *r, jv v, const jlist *args, jdict *kw) {
     for (size_t i = 1; i < args->n; i++) jl_push(z, rest, args->v[i]);
     g->args = rest;
     g->kw = kw;
-    return of_gen(g);
+    return jv_of_gen(g);
 }
 
 static jv json_filter(jrender *r, jv v, const jlist *args, const jdict *kw) {
@@ -644,13 +421,13 @@ static jv minmax(jrender *r, jv v, const jlist *args, const jdict *kw, bool want
     bind(r, want_max ? "do_max" : "do_min", P, 2, 0, args, kw, a, g);
     const jlist *l = jv_iter_list(z, v);
     if (l->n == 0) return jv_undef_hint(z, "No aggregated item, sequence was empty.");
-    const jlist *parts = attr_parts(r, g[1] ? a[1] : JV_NONE_V);
+    const jlist *parts = jb_attr_parts(r, g[1] ? a[1] : JV_NONE_V);
     const bool cs = arg_true(r, a, g, 0);
-    jv best = l->v[0], best_key = get_attr_path(r, best, parts, NULL);
-    if (!cs) best_key = ignore_case(r, best_key);
+    jv best = l->v[0], best_key = jb_attr_path(r, best, parts, NULL);
+    if (!cs) best_key = jb_ignore_case(r, best_key);
     for (size_t i = 1; i < l->n; i++) {
-        jv k = get_attr_path(r, l->v[i], parts, NULL);
-        if (!cs) k = ignore_case(r, k);
+        jv k = jb_attr_path(r, l->v[i], parts, NULL);
+        if (!cs) k = jb_ignore_case(r, k);
         if (jv_lt(z, k, best_key, want_max ? ">" : "<")) {
             best = l->v[i];
             best_key = k;
@@ -689,12 +466,12 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
     case FL_BATCH: {
         static const char *const P[] = {"linecount", "fill_with"};
         bind(r, "do_batch", P, 2, 1, args, kw, a, g);
-        jgen *gn = gen_new(r, JG_BATCH, v);
+        jgen *gn = jg_new(r, JG_BATCH, v);
         gn->count = arg_int(r, a[0], "");
         if (gn->count <= 0) jz_unsupported(z, "batch() with a count below 1");
         gn->fill = a[1];
         gn->has_fill = g[1] && a[1].k != JV_NONE;
-        return of_gen(gn);
+        return jv_of_gen(gn);
     }
     case FL_CAPITALIZE: bind(r, "do_capitalize", NULL, 0, 0, args, kw, a, g); return jv_of_str(js_capitalize(z, jb_soft_str(r, v)));
     case FL_CENTER: {
@@ -739,11 +516,11 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
         for (size_t i = 0; i < n; i++) {
             items[i] = jv_tuple2(z, v.d->keys[i], v.d->vals[i]);
             keys[i] = pos ? v.d->vals[i] : v.d->keys[i];
-            if (!arg_true(r, a, g, 0)) keys[i] = ignore_case(r, keys[i]);
+            if (!arg_true(r, a, g, 0)) keys[i] = jb_ignore_case(r, keys[i]);
         }
         sort_by(r, items, keys, n, arg_true(r, a, g, 2));
         jlist *l = jl_new(z, n);
-        memcpy(l->v, items, n * sizeof(jv));
+        if (n) memcpy(l->v, items, n * sizeof(jv));
         l->n = n;
         return jv_of_list(l);
     }
@@ -816,19 +593,19 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
         bind(r, "sync_do_join", P, 2, 0, args, kw, a, g);
         const jstr *d = g[0] ? jb_soft_str(r, a[0]) : &js_empty;
         const jlist *l = jv_iter_list(z, v);
-        const jlist *parts = g[1] && a[1].k != JV_NONE ? attr_parts(r, a[1]) : NULL;
+        const jlist *parts = g[1] && a[1].k != JV_NONE ? jb_attr_parts(r, a[1]) : NULL;
         jbuf b = {0};
         jb_put(z, &b, "", 0);
         for (size_t i = 0; i < l->n; i++) {
             if (i) jb_put(z, &b, d->p, d->len);
-            jv_write_str(z, &b, parts ? get_attr_path(r, l->v[i], parts, NULL) : l->v[i]);
+            jv_write_str(z, &b, parts ? jb_attr_path(r, l->v[i], parts, NULL) : l->v[i]);
         }
         return jv_str(z, b.p, b.len);
     }
     case FL_LIST: bind(r, "sync_do_list", NULL, 0, 0, args, kw, a, g); return to_list(r, v);
     case FL_LOWER: bind(r, "do_lower", NULL, 0, 0, args, kw, a, g); return jv_of_str(js_lower(z, jb_soft_str(r, v)));
     case FL_UPPER: bind(r, "do_upper", NULL, 0, 0, args, kw, a, g); return jv_of_str(js_upper(z, jb_soft_str(r, v)));
-    case FL_ITEMS: bind(r, "do_items", NULL, 0, 0, args, kw, a, g); return of_gen(gen_new(r, JG_ITEMS, v));
+    case FL_ITEMS: bind(r, "do_items", NULL, 0, 0, args, kw, a, g); return jv_of_gen(jg_new(r, JG_ITEMS, v));
     case FL_MAP: return map_gen(r, v, args, kw);
     case FL_MIN: return minmax(r, v, args, kw, false);
     case FL_MAX: return minmax(r, v, args, kw, true);
@@ -852,11 +629,11 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
             return jv_of_list(out);
         }
         if (jv_is_seq(v) || v.k == JV_DICT || v.k == JV_UNDEF) {
-            jgen *gn = gen_new(r, JG_REVERSE, v);
+            jgen *gn = jg_new(r, JG_REVERSE, v);
             gn->type_name = v.k == JV_TUPLE ? "reversed" : v.k == JV_DICT ? "dict_reversekeyiterator"
                           : v.k == JV_LIST && v.l->view == JL_RANGE ? "range_iterator"
                           : v.k == JV_UNDEF ? "reversed" : "list_reverseiterator";
-            return of_gen(gn);
+            return jv_of_gen(gn);
         }
         jz_fail(z, "FilterArgumentError", "argument must be iterable");
     }
@@ -873,12 +650,12 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
     case FL_SLICE: {
         static const char *const P[] = {"slices", "fill_with"};
         bind(r, "sync_do_slice", P, 2, 1, args, kw, a, g);
-        jgen *gn = gen_new(r, JG_SLICE, v);
+        jgen *gn = jg_new(r, JG_SLICE, v);
         gn->count = arg_int(r, a[0], "");
         if (gn->count <= 0) jz_unsupported(z, "slice() with a count below 1");
         gn->fill = a[1];
         gn->has_fill = g[1] && a[1].k != JV_NONE;
-        return of_gen(gn);
+        return jv_of_gen(gn);
     }
     case FL_SORT: {
         static const char *const P[] = {"reverse", "case_sensitive", "attribute"};
@@ -893,25 +670,25 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
             size_t start = 0;
             for (size_t i = 0; i <= s->len; i++)
                 if (i == s->len || s->p[i] == ',') {
-                    jl_push(z, attrs, jv_of_list(attr_parts(r, jv_str(z, s->p + start, i - start))));
+                    jl_push(z, attrs, jv_of_list(jb_attr_parts(r, jv_str(z, s->p + start, i - start))));
                     start = i + 1;
                 }
         } else {
-            jl_push(z, attrs, jv_of_list(attr_parts(r, g[2] ? a[2] : JV_NONE_V)));
+            jl_push(z, attrs, jv_of_list(jb_attr_parts(r, g[2] ? a[2] : JV_NONE_V)));
         }
         for (size_t i = 0; i < n; i++) {
             items[i] = l->v[i];
             jlist *k = jl_new(z, attrs->n);
             for (size_t j = 0; j < attrs->n; j++) {
-                jv x = get_attr_path(r, l->v[i], attrs->v[j].l, NULL);
-                if (!arg_true(r, a, g, 1)) x = ignore_case(r, x);
+                jv x = jb_attr_path(r, l->v[i], attrs->v[j].l, NULL);
+                if (!arg_true(r, a, g, 1)) x = jb_ignore_case(r, x);
                 jl_push(z, k, x);
             }
             keys[i] = jv_of_list(k);
         }
         sort_by(r, items, keys, n, arg_true(r, a, g, 0));
         jlist *out = jl_new(z, n);
-        memcpy(out->v, items, n * sizeof(jv));
+        if (n) memcpy(out->v, items, n * sizeof(jv));
         out->n = n;
         return jv_of_list(out);
     }
@@ -920,10 +697,10 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
         static const char *const P[] = {"attribute", "start"};
         bind(r, "sync_do_sum", P, 2, 0, args, kw, a, g);
         const jlist *l = jv_iter_list(z, v);
-        const jlist *parts = g[0] && a[0].k != JV_NONE ? attr_parts(r, a[0]) : NULL;
+        const jlist *parts = g[0] && a[0].k != JV_NONE ? jb_attr_parts(r, a[0]) : NULL;
         jv acc = g[1] ? a[1] : jv_int(0);
         if (acc.k == JV_STR) jz_fail(z, "TypeError", "sum() can't sum strings [use ''.join(seq) instead]");
-        for (size_t i = 0; i < l->n; i++) acc = jb_add(r, acc, parts ? get_attr_path(r, l->v[i], parts, NULL) : l->v[i]);
+        for (size_t i = 0; i < l->n; i++) acc = jb_add(r, acc, parts ? jb_attr_path(r, l->v[i], parts, NULL) : l->v[i]);
         return acc;
     }
     case FL_TITLE: bind(r, "do_title", NULL, 0, 0, args, kw, a, g); return title_filter(r, v);
@@ -964,11 +741,11 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
     case FL_UNIQUE: {
         static const char *const P[] = {"case_sensitive", "attribute"};
         bind(r, "sync_do_unique", P, 2, 0, args, kw, a, g);
-        jgen *gn = gen_new(r, JG_UNIQUE, v);
+        jgen *gn = jg_new(r, JG_UNIQUE, v);
         gn->case_sensitive = arg_true(r, a, g, 0);
-        gn->attr_parts = attr_parts(r, g[1] ? a[1] : JV_NONE_V);
+        gn->attr_parts = jb_attr_parts(r, g[1] ? a[1] : JV_NONE_V);
         gn->seen = jl_new(z, 0);
-        return of_gen(gn);
+        return jv_of_gen(gn);
     }
     case FL_WORDCOUNT: {
         bind(r, "do_wordcount", NULL, 0, 0, args, kw, a, g);
@@ -994,98 +771,3 @@ jv jb_filter(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw)
     }
 }
 
-/* ---- tests ------------------------------------------------------------------------------------ */
-
-static bool is_number(jv v) { return v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_BOOL; }
-
-bool jb_test(jrender *r, int id, const char *name, jv v, jlist *args, jdict *kw) {
-    jz *z = &r->z;
-    if (id < 0) jz_fail(z, "TemplateRuntimeError", "No test named '%s'.", name);
-    jv a[2];
-    bool g[2];
-    static const char *const ONE[] = {"other"};
-    switch (id) {
-    case TS_DEFINED: jb_bind(r, "test_defined", NULL, 0, 0, 1, args, kw, a, g); return v.k != JV_UNDEF;
-    case TS_UNDEFINED: jb_bind(r, "test_undefined", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_UNDEF;
-    case TS_NONE: jb_bind(r, "test_none", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_NONE;
-    case TS_BOOLEAN: jb_bind(r, "test_boolean", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_BOOL;
-    case TS_FALSE: jb_bind(r, "test_false", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_BOOL && !v.b;
-    case TS_TRUE: jb_bind(r, "test_true", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_BOOL && v.b;
-    case TS_INTEGER: jb_bind(r, "test_integer", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_INT;
-    case TS_FLOAT: jb_bind(r, "test_float", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_FLOAT;
-    case TS_NUMBER: jb_bind(r, "test_number", NULL, 0, 0, 1, args, kw, a, g); return is_number(v);
-    case TS_STRING: jb_bind(r, "test_string", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_STR;
-    case TS_MAPPING: jb_bind(r, "test_mapping", NULL, 0, 0, 1, args, kw, a, g); return v.k == JV_DICT;
-    case TS_SEQUENCE:
-        jb_bind(r, "test_sequence", NULL, 0, 0, 1, args, kw, a, g);
-        return v.k == JV_STR || v.k == JV_DICT || v.k == JV_UNDEF ||
-               (jv_is_seq(v) && (v.l->view == JL_PLAIN || v.l->view == JL_RANGE));
-    case TS_ITERABLE:
-        jb_bind(r, "test_iterable", NULL, 0, 0, 1, args, kw, a, g);
-        return v.k == JV_STR || jv_is_seq(v) || v.k == JV_DICT || v.k == JV_GEN || v.k == JV_UNDEF || v.k == JV_LOOP;
-    case TS_CALLABLE:
-        if (args->n || kw->n)
-            jz_fail(z, "TypeError", kw->n ? "callable() takes no keyword arguments"
-                                          : "callable() takes exactly one argument (%zu given)", args->n + 1);
-        return v.k == JV_FUNC || v.k == JV_MACRO || v.k == JV_LOOP || v.k == JV_JOINER || v.k == JV_UNDEF;
-    case TS_ESCAPED: jb_bind(r, "test_escaped", NULL, 0, 0, 1, args, kw, a, g); return false;
-    case TS_LOWER: jb_bind(r, "test_lower", NULL, 0, 0, 1, args, kw, a, g); return js_islower(jb_soft_str(r, v));
-    case TS_UPPER: jb_bind(r, "test_upper", NULL, 0, 0, 1, args, kw, a, g); return js_isupper(jb_soft_str(r, v));
-    case TS_ODD:
-    case TS_EVEN: {
-        jb_bind(r, id == TS_ODD ? "test_odd" : "test_even", NULL, 0, 0, 1, args, kw, a, g);
-        const jv m = jb_mod(r, v, jv_int(2));
-        return jv_eq(z, m, jv_int(id == TS_ODD ? 1 : 0));
-    }
-    case TS_DIVISIBLEBY: {
-        static const char *const P[] = {"num"};
-        jb_bind(r, "test_divisibleby", P, 1, 1, 1, args, kw, a, g);
-        return jv_eq(z, jb_mod(r, v, a[0]), jv_int(0));
-    }
-    case TS_FILTER:
-    case TS_TEST:
-        /* pass_environment: the environment counts as a positional argument */
-        jb_bind(r, id == TS_FILTER ? "test_filter" : "test_test", NULL, 0, 0, 2, args, kw, a, g);
-        jv_check_hashable(z, v); /* `value in environment.filters` hashes it */
-        if (v.k != JV_STR) return false;
-        return id == TS_FILTER ? jb_filter_id(v.s->p) >= 0 : jb_test_id(v.s->p) >= 0;
-    case TS_SAMEAS: {
-        jb_bind(r, "test_sameas", ONE, 1, 1, 1, args, kw, a, g);
-        const jv o = a[0];
-        if (v.k == JV_NONE || o.k == JV_NONE) return v.k == o.k;
-        if (v.k == JV_BOOL || o.k == JV_BOOL) return v.k == o.k && v.b == o.b;
-        if (v.k == JV_UNDEF || o.k == JV_UNDEF) return v.k == o.k && v.u == o.u;
-        if (v.k == JV_INT && o.k == JV_INT && v.i >= -5 && v.i <= 256) return v.i == o.i;
-        if (v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_STR || o.k == JV_INT || o.k == JV_FLOAT || o.k == JV_STR) {
-            if (v.k != o.k) return false;
-            jz_unsupported(z, "`is sameas` on numbers or strings (Python's object identity)");
-        }
-        return v.k == o.k && v.p == o.p;
-    }
-    case TS_IN: {
-        static const char *const P[] = {"seq"};
-        jb_bind(r, "test_in", P, 1, 1, 1, args, kw, a, g);
-        return jb_in(r, v, a[0]);
-    }
-    case TS_EQ1: case TS_EQ: case TS_EQUALTO:
-        jb_bind(r, "eq", ONE, 1, 1, 1, args, kw, a, g);
-        return jv_eq(z, v, a[0]);
-    case TS_NE1: case TS_NE:
-        jb_bind(r, "ne", ONE, 1, 1, 1, args, kw, a, g);
-        return !jv_eq(z, v, a[0]);
-    case TS_GT1: case TS_GT: case TS_GREATERTHAN:
-        jb_bind(r, "gt", ONE, 1, 1, 1, args, kw, a, g);
-        return jv_lt(z, v, a[0], ">");
-    case TS_GE: case TS_GE1:
-        jb_bind(r, "ge", ONE, 1, 1, 1, args, kw, a, g);
-        return jv_lt(z, v, a[0], ">=");
-    case TS_LT1: case TS_LT: case TS_LESSTHAN:
-        jb_bind(r, "lt", ONE, 1, 1, 1, args, kw, a, g);
-        return jv_lt(z, v, a[0], "<");
-    case TS_LE1: case TS_LE:
-        jb_bind(r, "le", ONE, 1, 1, 1, args, kw, a, g);
-        return jv_lt(z, v, a[0], "<=");
-    default: break;
-    }
-    jz_unsupported(z, "the '%s' test", name);
-}
