@@ -20,7 +20,6 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno $(INC) $(
 INC = -Iinclude -Isrc
 TOOLS_INC = -Iinclude
 INC_tools/replay.c := -Isrc
-INC_tools/serve_api.c := -Isrc
 OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)

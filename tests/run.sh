@@ -250,6 +250,10 @@ run "serve: threads under ThreadSanitizer [$TSAN_BUILD]" \
     $PY tests/py/test_serve_threads.py "$TSAN_BUILD/terrace" "$TMP/synth-llama-q8.gguf"
 run "serve: the live page in headless Chromium" \
     $PY tests/py/test_serve_page.py build/terrace "$SMOLLM2" "$TMP/serve-page.png"
+if need_testdata "serve with the models' own chat templates"; then
+    run "serve: the models' own templates, reasoning_content apart (gpt-oss, qwen3moe, R1) [$ASAN_BUILD]" \
+        $PY tests/py/test_serve_templates.py "$ASAN_BUILD/terrace" "$TESTDATA/templates"
+fi
 
 # --- every C test listed, built and run ---------------------------------------------------------
 check_list() {

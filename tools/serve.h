@@ -138,7 +138,7 @@ typedef struct server {
     loaded ld;
     char model_id[256];
     char model_file[256]; /* base name of the GGUF */
-    struct serve_template *tmpl; /* the chat template (serve_api.c); NULL: none */
+    tr_chat_template *tmpl; /* the chat template (serve_api.c); NULL: none */
     int32_t n_ctx;        /* per slot */
     int32_t n_vocab;
     double started;       /* now_ms() at start, for uptime */
@@ -213,6 +213,7 @@ typedef struct api_req {
     job *j;
     char id[40];     /* chatcmpl-..., cmpl-... */
     long created;
+    tr_reasoning *rs; /* chat: splits the reply into reasoning and answer; NULL: no split */
     /* streaming state */
     size_t sent;     /* bytes of job text already sent */
     bool role_sent;

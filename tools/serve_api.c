@@ -17,7 +17,6 @@
 #include <time.h>
 
 #include "serve.h"
-#include "text/chat.h"
 
 static bool fail(api_error *e, int status, const char *type, const char *code, const char *param,
                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
@@ -234,32 +233,48 @@ static bool content_text(const cJSON *c, sbuf *out, api_error *e) {
     return true;
 }
 
+/* the validated conversation, as the OpenAI-style JSON array the template engine takes */
 typedef struct msg_list {
-    tr_chat_msg *m;
-    sbuf *text;
+    cJSON *arr;
     size_t n;
 } msg_list;
 
 static void msgs_free(msg_list *l) {
-    for (size_t i = 0; i < l->n; i++) sb_free(&l->text[i]);
-    free(l->m);
-    free(l->text);
+    cJSON_Delete(l->arr);
+    l->arr = NULL;
 }
 
-/* messages -> (role, content) pairs in l; roles are checked */
+static bool msgs_add(msg_list *l, const char *role, const char *content, const char *reasoning) {
+    if (!l->arr && !(l->arr = cJSON_CreateArray())) return false;
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return false;
+    cJSON_AddItemToArray(l->arr, m);
+    if (!cJSON_AddStringToObject(m, "role", role) ||
+        !cJSON_AddStringToObject(m, "content", content) ||
+        (reasoning && !cJSON_AddStringToObject(m, "reasoning_content", reasoning)) ||
+        (reasoning && !cJSON_AddStringToObject(m, "thinking", reasoning)))
+        return false;
+    l->n++;
+    return true;
+}
+
+static char *msgs_json(const msg_list *l) {
+    return l->arr ? cJSON_PrintUnformatted(l->arr) : strdup("[]");
+}
+
+/* messages -> (role, content[, reasoning_content]) in l; roles and types are checked. An
+ * assistant turn's reasoning (OpenAI-style reasoning_content, Ollama's thinking) goes to the
+ * template under both names (Qwen3's templates read reasoning_content, gpt-oss's thinking), and
+ * the template decides whether to show it. */
 static bool parse_messages(const cJSON *msgs, bool ollama, msg_list *l, api_error *e) {
     if (!msgs) return BAD(e, "messages", "'messages' is required");
     if (!cJSON_IsArray(msgs)) return BAD(e, "messages", "'messages' must be an array");
-    const int n = cJSON_GetArraySize(msgs);
-    if (n == 0) return BAD(e, "messages", "'messages' must not be empty");
-    l->m = calloc((size_t)n, sizeof *l->m);
-    l->text = calloc((size_t)n, sizeof *l->text);
-    if (!l->m || !l->text) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (cJSON_GetArraySize(msgs) == 0) return BAD(e, "messages", "'messages' must not be empty");
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
         if (!cJSON_IsObject(m)) return BAD(e, "messages", "every message must be an object");
-        const char *role = NULL;
+        const char *role = NULL, *reasoning = NULL;
         if (!opt_str(m, "role", &role, e)) return false;
         if (!role) return BAD(e, "messages", "message %zu has no 'role'", l->n);
         const char *known = NULL;
@@ -273,79 +288,85 @@ static bool parse_messages(const cJSON *msgs, bool ollama, msg_list *l, api_erro
         const cJSON *c = field(m, "content");
         if (!c && strcmp(known, "assistant"))
             return BAD(e, "messages", "message %zu (%s) has no 'content'", l->n, known);
-        if (!content_text(c, &l->text[l->n], e)) return false;
-        sb_add(&l->text[l->n], "", 0);
-        if (l->text[l->n].oom) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        l->m[l->n].role = strcmp(known, "developer") ? known : "system";
-        l->m[l->n].content = l->text[l->n].p ? l->text[l->n].p : "";
-        l->n++;
+        if (!opt_str(m, ollama ? "thinking" : "reasoning_content", &reasoning, e)) return false;
+        sbuf text = {0};
+        if (!content_text(c, &text, e)) {
+            sb_free(&text);
+            return false;
+        }
+        sb_add(&text, "", 0);
+        const bool ok = !text.oom && msgs_add(l, strcmp(known, "developer") ? known : "system",
+                                              text.p ? text.p : "", reasoning);
+        sb_free(&text);
+        if (!ok) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     return true;
 }
 
-static bool tokenize_prompt(server *s, const char *text, job *j, api_error *e) {
+static bool tokenize_text(server *s, const char *text, bool add_bos, job *j, api_error *e) {
     tr_error err = {0};
     size_t n = 0;
-    j->prompt = tokenize_into(s->ld.tok, text, strlen(text), true, true, &n, &err);
+    j->prompt = tokenize_into(s->ld.tok, text, strlen(text), add_bos, true, &n, &err);
     if (!j->prompt) return fail(e, 500, "server_error", NULL, NULL, "tokenizing: %s", err.msg);
     j->n_prompt = (int32_t)n;
     return true;
 }
 
-/* the chat template: the built-in formats until the Jinja engine has a public door */
-struct serve_template {
-    tr_chat_style style;
-};
+static bool tokenize_prompt(server *s, const char *text, job *j, api_error *e) {
+    return tokenize_text(s, text, true, j, e);
+}
 
+/* the chat template: the model's own (Jinja, rendered as Hugging Face does), --chat-template's,
+ * or the built-in format of its family; one object shared by every request thread (rendering
+ * reads it only) */
 bool api_template_init(server *s, char *why, size_t cap) {
-    tr_str tmpl = {0};
-    char *tmpl_c = NULL;
-    if (tr_gguf_kv_str(tr_model_gguf(s->ld.model), "tokenizer.chat_template", &tmpl) &&
-        !(tmpl_c = strndup(tmpl.ptr, (size_t)tmpl.len))) {
-        snprintf(why, cap, "out of memory");
-        return false;
-    }
-    const char *override = s->cfg.gen.chat_template;
-    if (!tmpl_c && !override && !strcmp(tr_model_arch(s->ld.model), "gemma3")) override = "gemma";
-    tr_chat_style style;
     tr_error err = {0};
-    const tr_status st = tr_chat_detect(tmpl_c, override, &style, &err);
-    free(tmpl_c);
-    if (st) {
+    if (tr_chat_template_load(s->ld.model, s->cfg.gen.chat_template, &s->tmpl, &err)) {
         snprintf(why, cap, "%s", err.msg);
+        s->tmpl = NULL;
         return false;
     }
-    if (!(s->tmpl = malloc(sizeof *s->tmpl))) {
-        snprintf(why, cap, "out of memory");
-        return false;
-    }
-    s->tmpl->style = style;
     return true;
 }
 
 const char *api_template_name(const server *s) {
-    return s->tmpl ? tr_chat_style_name(s->tmpl->style) : "none";
+    return s->tmpl ? tr_chat_template_name(s->tmpl) : "none";
 }
 
 void api_template_free(server *s) {
-    free(s->tmpl);
+    tr_chat_template_free(s->tmpl);
     s->tmpl = NULL;
 }
 
-static bool chat_prompt(server *s, const msg_list *l, job *j, api_error *e) {
+/* the conversation through the template; a template that writes bos_token itself gets no second
+ * one from the tokenizer (as in `terrace chat`), and the reply is split into reasoning and answer
+ * where the template's family separates them */
+static bool chat_prompt(server *s, const msg_list *l, const char *context_json, api_req *r,
+                        api_error *e) {
+    job *j = r->j;
     if (!s->tmpl)
         return BAD(e, "messages", "the model has no chat template; start the server with "
-                   "--chat-template NAME (%s) or use the completions endpoint",
-                   tr_chat_style_list());
+                   "--chat-template NAME|FILE.jinja or use the completions endpoint");
+    char *mjson = msgs_json(l);
+    if (!mjson) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
     char *text = NULL;
     tr_error err = {0};
-    if (tr_chat_format(s->tmpl->style, l->m, l->n, true, &text, &err))
-        return BAD(e, "messages", "the chat template: %s", err.msg);
-    const bool ok = tokenize_prompt(s, text, j, e);
-    free(text);
+    const tr_status st = tr_chat_template_apply(s->tmpl, NULL, 0, mjson, context_json, true, NULL,
+                                                &text, &err);
+    free(mjson);
+    if (st == TR_E_NOMEM) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (st) return BAD(e, "messages", "the chat template: %s", err.msg);
+    const char *bos = tr_token_text(s->ld.tok, tr_token_bos(s->ld.tok), NULL);
+    const bool has_bos = bos && *bos && !strncmp(text, bos, strlen(bos));
+    bool ok = tokenize_text(s, text, !has_bos, j, e);
+    if (ok && !s->cfg.gen.reasoning_none &&
+        tr_reasoning_create(s->tmpl, text, TR_REASONING_AUTO, &r->rs, &err)) {
+        ok = fail(e, 500, "server_error", NULL, NULL, "reasoning: %s", err.msg);
+    }
+    tr_free(text);
     /* the template's end-of-turn strings end the answer, as in `terrace chat` */
-    for (const char *const *st = tr_chat_stop_strings(s->tmpl->style); ok && st && *st; st++)
-        if (j->n_stop < SERVE_MAX_STOP && !(j->stop[j->n_stop++] = strdup(*st)))
+    for (const char *const *sp = tr_chat_template_stop_strings(s->tmpl); ok && sp && *sp; sp++)
+        if (j->n_stop < SERVE_MAX_STOP && !(j->stop[j->n_stop++] = strdup(*sp)))
             return fail(e, 500, "server_error", NULL, NULL, "out of memory");
     return ok;
 }
@@ -437,6 +458,8 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
     }
     bool ok = false;
     msg_list msgs = {0};
+    cJSON *ctx = NULL;     /* extra template variables */
+    char *ctx_json = NULL;
     if (!cJSON_IsObject(root)) {
         BAD(e, NULL, "the body must be a JSON object");
         goto out;
@@ -480,9 +503,24 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
             !unsupported(root, "images", "images are not supported (text models)", e) ||
             !unsupported(root, "suffix", "fill-in-the-middle is not supported", e))
             goto out;
+        /* Ollama's think: the template's enable_thinking (Qwen3's switch) */
+        const cJSON *think = field(root, "think");
+        if (think && !cJSON_IsBool(think)) {
+            BAD(e, "think", "'think' must be true or false");
+            goto out;
+        }
+        if (think && !(ctx = cJSON_CreateObject(),
+                       ctx && cJSON_AddBoolToObject(ctx, "enable_thinking", cJSON_IsTrue(think)))) {
+            fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            goto out;
+        }
+        if (ctx && !(ctx_json = cJSON_PrintUnformatted(ctx))) {
+            fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            goto out;
+        }
         if (kind == API_OLLAMA_CHAT) {
             if (!parse_messages(field(root, "messages"), true, &msgs, e)) goto out;
-            if (!chat_prompt(s, &msgs, j, e)) goto out;
+            if (!chat_prompt(s, &msgs, ctx_json, r, e)) goto out;
         } else {
             const char *prompt = NULL, *system = NULL;
             bool raw = false;
@@ -496,9 +534,12 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
             if (raw) {
                 if (!tokenize_prompt(s, prompt, j, e)) goto out;
             } else {
-                tr_chat_msg m[2] = {{"system", system}, {"user", prompt}};
-                msg_list l = {.m = system ? m : m + 1, .n = system ? 2 : 1};
-                if (!chat_prompt(s, &l, j, e)) goto out;
+                if ((system && !msgs_add(&msgs, "system", system, NULL)) ||
+                    !msgs_add(&msgs, "user", prompt, NULL)) {
+                    fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                    goto out;
+                }
+                if (!chat_prompt(s, &msgs, ctx_json, r, e)) goto out;
             }
         }
     } else {
@@ -539,8 +580,26 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
             }
         }
         if (kind == API_CHAT) {
+            /* llama-server's chat_template_kwargs (enable_thinking ...) and OpenAI's
+             * reasoning_effort become template variables */
+            const cJSON *kw = field(root, "chat_template_kwargs");
+            const char *effort = NULL;
+            if (kw && !cJSON_IsObject(kw)) {
+                BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+                goto out;
+            }
+            if (!opt_str(root, "reasoning_effort", &effort, e)) goto out;
+            if (kw || effort) {
+                if (!(ctx = kw ? cJSON_Duplicate(kw, true) : cJSON_CreateObject()) ||
+                    (effort && !cJSON_GetObjectItemCaseSensitive(ctx, "reasoning_effort") &&
+                     !cJSON_AddStringToObject(ctx, "reasoning_effort", effort)) ||
+                    !(ctx_json = cJSON_PrintUnformatted(ctx))) {
+                    fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                    goto out;
+                }
+            }
             if (!parse_messages(field(root, "messages"), false, &msgs, e)) goto out;
-            if (!chat_prompt(s, &msgs, j, e)) goto out;
+            if (!chat_prompt(s, &msgs, ctx_json, r, e)) goto out;
             new_id(r, "chatcmpl-");
         } else {
             if (!opt_bool(root, "echo", &r->echo, e)) goto out;
@@ -568,6 +627,8 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
     ok = true;
 out:
     msgs_free(&msgs);
+    cJSON_Delete(ctx);
+    free(ctx_json);
     cJSON_Delete(root);
     return ok;
 }
@@ -575,6 +636,8 @@ out:
 void api_req_free(api_req *r) {
     free(r->echo_text);
     r->echo_text = NULL;
+    tr_reasoning_free(r->rs);
+    r->rs = NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -665,6 +728,34 @@ static void error_view(const job_view *v, api_error *e) {
     fail(e, 500, "server_error", NULL, NULL, "generation failed: %s", v->error);
 }
 
+/* a piece of a chat reply into its reasoning and answer (all answer without a splitter); `end`:
+ * the reply is complete, so text held back as a possible marker is released. An error of the
+ * splitter (out of memory) leaves the piece as answer. */
+static void split_reply(api_req *r, const char *text, size_t n, bool end, sbuf *reasoning,
+                        sbuf *answer) {
+    if (!r->rs) {
+        sb_add(answer, text, n);
+        return;
+    }
+    tr_error err = {0};
+    tr_reasoning_delta d;
+    if (n) {
+        if (tr_reasoning_feed(r->rs, text, n, &d, &err)) {
+            sb_add(answer, text, n);
+        } else {
+            if (d.reasoning_len) sb_add(reasoning, d.reasoning, d.reasoning_len);
+            if (d.answer_len) sb_add(answer, d.answer, d.answer_len);
+        }
+    }
+    if (end && !tr_reasoning_finish(r->rs, &d, &err)) {
+        if (d.reasoning_len) sb_add(reasoning, d.reasoning, d.reasoning_len);
+        if (d.answer_len) sb_add(answer, d.answer, d.answer_len);
+    }
+}
+
+/* "" for an empty buffer */
+static const char *sb_cstr(const sbuf *b) { return b->p ? b->p : ""; }
+
 void api_response(server *s, api_req *r, const char *text, size_t n, const job_view *v,
                   sbuf *out) {
     if (v->finish == FINISH_ERROR || v->finish == FINISH_REFUSED) {
@@ -688,7 +779,12 @@ void api_response(server *s, api_req *r, const char *text, size_t n, const job_v
         cJSON_AddNumberToObject(c, "index", 0);
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", t);
+        sbuf rs = {0}, an = {0};
+        split_reply(r, t, strlen(t), true, &rs, &an);
+        cJSON_AddStringToObject(m, "content", sb_cstr(&an));
+        if (rs.len) cJSON_AddStringToObject(m, "reasoning_content", sb_cstr(&rs));
+        sb_free(&rs);
+        sb_free(&an);
         cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_name(v->finish));
         add_usage(o, v);
@@ -712,15 +808,26 @@ void api_response(server *s, api_req *r, const char *text, size_t n, const job_v
         o = base_object(s, r, NULL);
         cJSON *m = cJSON_AddObjectToObject(o, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", t);
+        sbuf rs = {0}, an = {0};
+        split_reply(r, t, strlen(t), true, &rs, &an);
+        cJSON_AddStringToObject(m, "content", sb_cstr(&an));
+        if (rs.len) cJSON_AddStringToObject(m, "thinking", sb_cstr(&rs));
+        sb_free(&rs);
+        sb_free(&an);
         ollama_done(o, v);
         break;
     }
-    case API_OLLAMA_GENERATE:
+    case API_OLLAMA_GENERATE: {
         o = base_object(s, r, NULL);
-        cJSON_AddStringToObject(o, "response", t);
+        sbuf rs = {0}, an = {0};
+        split_reply(r, t, strlen(t), true, &rs, &an);
+        cJSON_AddStringToObject(o, "response", sb_cstr(&an));
+        if (rs.len) cJSON_AddStringToObject(o, "thinking", sb_cstr(&rs));
+        sb_free(&rs);
+        sb_free(&an);
         ollama_done(o, v);
         break;
+    }
     }
     sb_free(&all);
     emit(o, out, "", "");
@@ -772,7 +879,9 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
     cJSON *o = NULL;
     switch (r->kind) {
     case API_CHAT: {
-        if (!r->role_sent || n) {
+        sbuf rs = {0}, an = {0};
+        split_reply(r, piece, strlen(piece), end != NULL, &rs, &an);
+        if (!r->role_sent || rs.len || an.len) {
             o = base_object(s, r, "chat.completion.chunk");
             cJSON *ch = cJSON_AddArrayToObject(o, "choices");
             cJSON *c = cJSON_CreateObject();
@@ -780,12 +889,16 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
             cJSON_AddNumberToObject(c, "index", 0);
             cJSON *d = cJSON_AddObjectToObject(c, "delta");
             if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
-            cJSON_AddStringToObject(d, "content", piece);
+            /* as llama-server streams them: reasoning_content pieces, then content pieces */
+            if (rs.len) cJSON_AddStringToObject(d, "reasoning_content", sb_cstr(&rs));
+            if (an.len || !rs.len) cJSON_AddStringToObject(d, "content", sb_cstr(&an));
             cJSON_AddNullToObject(c, "logprobs");
             cJSON_AddNullToObject(c, "finish_reason");
             if (r->include_usage) cJSON_AddNullToObject(o, "usage");
             emit(o, out, pre, post);
         }
+        sb_free(&rs);
+        sb_free(&an);
         if (end) {
             o = base_object(s, r, "chat.completion.chunk");
             cJSON *ch = cJSON_AddArrayToObject(o, "choices");
@@ -830,21 +943,27 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
         break;
     }
     case API_OLLAMA_CHAT:
-    case API_OLLAMA_GENERATE:
-        if (n || end) {
+    case API_OLLAMA_GENERATE: {
+        sbuf rs = {0}, an = {0};
+        split_reply(r, piece, strlen(piece), end != NULL, &rs, &an);
+        if (rs.len || an.len || end) {
             o = base_object(s, r, NULL);
+            cJSON *m = o;
             if (r->kind == API_OLLAMA_CHAT) {
-                cJSON *m = cJSON_AddObjectToObject(o, "message");
+                m = cJSON_AddObjectToObject(o, "message");
                 cJSON_AddStringToObject(m, "role", "assistant");
-                cJSON_AddStringToObject(m, "content", piece);
-            } else {
-                cJSON_AddStringToObject(o, "response", piece);
             }
+            cJSON_AddStringToObject(m, r->kind == API_OLLAMA_CHAT ? "content" : "response",
+                                    sb_cstr(&an));
+            if (rs.len) cJSON_AddStringToObject(m, "thinking", sb_cstr(&rs));
             if (end) ollama_done(o, end);
             else cJSON_AddBoolToObject(o, "done", false);
             emit(o, out, pre, post);
         }
+        sb_free(&rs);
+        sb_free(&an);
         break;
+    }
     }
     free(piece);
     r->role_sent = true;
