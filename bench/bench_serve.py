@@ -198,7 +198,7 @@ def phase(port, conc, reps, max_tokens, stagger_s, base):
             "ttft_p99_ms": 1e3 * pct(99), "lat_s": statistics.mean(x["t1"] - x["t0"] for x in out)}
 
 
-def run_server(kind, model, capped, extra, env_extra, reps, max_tokens, patterns):
+def run_server(kind, model, capped, extra, env_extra, reps, max_tokens, patterns, levels=None):
     port = free_port()
     if capped:
         drop_caches()
@@ -217,7 +217,7 @@ def run_server(kind, model, capped, extra, env_extra, reps, max_tokens, patterns
         base = 0
         single = None
         for pat in patterns:
-            for conc in LEVELS:
+            for conc in levels or LEVELS:
                 stagger = 0.0
                 if pat == "staggered" and conc > 1 and single:
                     stagger = single["lat_s"]
@@ -295,38 +295,52 @@ def main():
             "model": moe, "size": size, "cap": cap, "max_tokens": mt,
             "terrace": run_server("terrace", moe, True, t_extra, {}, (lambda c: 1) if quick else
                                   (lambda c: 2), mt, ["staggered", "burst"]),
-            # the peer serves one request at a time: one request per stream keeps its run within
-            # the benchmark's time (its rate does not depend on the count)
+            # the peer serves one request at a time (its aggregate does not depend on the count
+            # of streams) at about 1.5 tok/s under this cap: one request per stream, and no
+            # 16-stream phase (it alone would take ~6 minutes), keep its run within the
+            # benchmark's time
             "peer": run_server("peer", moe, True, p_extra, {"PEER_NO_REPACK": "1"}, lambda c: 1,
-                               mt, ["staggered"]),
+                               mt, ["staggered"], [x for x in LEVELS if x <= 8]),
             "terrace_flags": t_extra, "peer_flags": p_extra}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     meta = {"date": str(datetime.date.today()), "commit": commit, "cpu": cpu_name(),
             "threads": THREADS, "command": "make bench-serve (bench/bench_serve.py" +
             (" --quick" if quick else "") + (f" --only {args.only}" if args.only else "") + ")"}
+    for v in results.values():
+        v["meta"] = meta
+    # --only keeps the other model's results of an earlier run (each section names its run)
+    if args.only and os.path.exists("bench/results/serve.json"):
+        with open("bench/results/serve.json") as f:
+            old = json.load(f)
+        for k, v in old.get("results", {}).items():
+            if k not in results:
+                v.setdefault("meta", old.get("meta", meta))
+                results[k] = v
     with open("bench/results/serve.json", "w") as f:
-        json.dump({"meta": meta, "results": {k: {kk: vv for kk, vv in v.items()} for k, v in
-                                             results.items()}}, f, indent=1)
-    write_report(meta, results)
+        json.dump({"results": results}, f, indent=1)
+    write_report(results)
 
 
-def write_report(meta, results):
+def write_report(results):
     out = []
     w = out.append
     w("# terrace serve vs llama.cpp's server: continuous batching\n")
-    w(f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, {meta['cpu']}, "
-      f"{meta['threads']} threads for both servers. Peer: `python -m llama_cpp.server` from "
-      "llama-cpp-python 0.3.36 built from source (scripts/peer.sh), `--interrupt_requests False` "
-      "(otherwise a waiting request cuts the running stream short). Streamed /v1/completions, "
-      "greedy, a different prompt per request; aggregate tok/s = generated tokens / wall time of "
-      "the phase (prefill included); TTFT = request sent -> first text chunk.\n")
+    w("Peer: `python -m llama_cpp.server` from llama-cpp-python 0.3.36 built from source "
+      "(scripts/peer.sh), `--interrupt_requests False` (otherwise a waiting request cuts the "
+      "running stream short); it serves one request at a time. Both servers get the same threads "
+      "and the same requests in the same run: streamed /v1/completions, greedy, a different "
+      "prompt per request; aggregate tok/s = generated tokens / wall time of the phase (prefill "
+      "included); TTFT = request sent -> first text chunk.\n")
     for key, title in (("dense", "Default model"), ("moe", "1 GiB synthetic MoE under a memory cap")):
         if key not in results:
             continue
         r = results[key]
         t, p = r["terrace"], r["peer"]
+        meta = r["meta"]
         w(f"## {title}\n")
+        w(f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, {meta['cpu']}, "
+          f"{meta['threads']} threads for both servers.\n")
         extra = ""
         if key == "moe":
             extra = (f" ({r['size'] >> 20} MiB, qwen3moe, 64 experts top-8) in a memory cgroup of "
