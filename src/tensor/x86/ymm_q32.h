@@ -133,10 +133,9 @@ TR_ALWAYS_INLINE __m256 e8m0_lo_to_f32(__m256i v) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny));
 }
 
-/* accumulators per column in the 8-block groups: two independent FMA chains per column, the same
- * for every column count, so that a row's result does not depend on how many rows are computed
- * with it (a server batching requests must give each the answer it would get alone) */
-#define Q32_NACC(nc) 2
+/* accumulators per column in the 8-block groups: 4 for a single column, whose FMAs would
+ * otherwise wait on each other's latency, 2 when several columns already interleave */
+#define Q32_NACC(nc) ((nc) == 1 ? 4 : 2)
 
 TR_ALWAYS_INLINE __m256 q32_acc_sum(__m256 (*acc)[TR_MAX_NC], int j) {
     return _mm256_add_ps(_mm256_add_ps(acc[0][j], acc[1][j]), _mm256_add_ps(acc[2][j], acc[3][j]));
