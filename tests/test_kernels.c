@@ -230,11 +230,15 @@ static bool within(stat *st, float fast, float ref, double tol, double mag) {
 static void *alloc_off(size_t bytes, size_t off) { return (char *)malloc(bytes + off) + off; }
 static void free_off(void *p, size_t off) { free((char *)p - off); }
 
+/* activation rows (terrace's own buffers) keep their element alignment */
 static size_t row_offset(tr_type t) {
     if (t == TR_TYPE_F32 || t == TR_TYPE_Q8_K) return 4;
     if (t == TR_TYPE_MXFP4) return 1;
     return 2;
 }
+/* weight rows come from the file, where general.alignment = 1 allows any byte (unaligned.h):
+ * an odd address, so UBSan sees any load that assumes more */
+#define WEIGHT_OFFSET 1
 
 /* The matmul path with activation side tables: the tables must hold exactly the block scales and
  * the code sums (Q8_0) or stored s (Q8_1); vec_dot_side must match the reference for nc = 1..4. */
@@ -297,7 +301,7 @@ static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, i
     /* activation rows a little apart so a_stride differs from the row size */
     const size_t abytes = tr_type_row_bytes(vt, n);
     const size_t astride = abytes + (vt == TR_TYPE_Q8_K || vt == TR_TYPE_F32 ? 4 : 2) * 3;
-    const size_t woff = row_offset(t), aoff = row_offset(vt);
+    const size_t woff = WEIGHT_OFFSET, aoff = row_offset(vt);
     void *w = alloc_off(wbytes, woff);
     char *a = alloc_off(astride * (TR_MAX_NC - 1) + abytes, aoff); /* last row ends the buffer */
     float *x = malloc((size_t)n * sizeof(float));
@@ -593,7 +597,7 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
     const int64_t blck = tr_type_block_elems(t);
     const int64_t K = is_float_type(t) ? 133 : blck == 32 ? 7 * 32 : 2 * 256;
     const size_t rb = tr_type_row_bytes(t, K);
-    uint8_t *wdata = malloc(rb * (size_t)N);
+    uint8_t *wdata = alloc_off(rb * (size_t)N, WEIGHT_OFFSET);
     for (int64_t i = 0; i < N; i++) fill_weights(r, t, wdata + (size_t)i * rb, K);
     float *x = malloc(sizeof(float) * (size_t)(M * K));
     for (int64_t m = 0; m < M; m++) fill_acts(r, x + m * K, K);
@@ -622,7 +626,7 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
     free(scratch);
     free(y);
     free(x);
-    free(wdata);
+    free_off(wdata, WEIGHT_OFFSET);
 }
 
 /* ------------------------------------------------------------------------------------- main */
