@@ -134,7 +134,7 @@ FUZZ_SECONDS ?= 300
 FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer
 
 # the reader and what it links against; no SIMD files (nothing of theirs is reachable from it)
-FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/tensor/types.c src/tensor/dequant.c \
+FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/core/mapguard.c src/tensor/types.c src/tensor/dequant.c \
             src/tensor/quantize.c src/tensor/vecdot_ref.c
 
 build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard src/*/*.h include/*.h)

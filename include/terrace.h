@@ -178,6 +178,11 @@ const tr_tensor_info *tr_gguf_tensor(const tr_gguf *g, int64_t i);
 /* Map every shard read-only (idempotent). After this, tr_gguf_tensor_data returns pointers. */
 tr_status tr_gguf_map(tr_gguf *g, tr_error *err);
 const void *tr_gguf_tensor_data(const tr_gguf *g, int64_t i); /* NULL unless mapped */
+/* After tr_gguf_map: TR_E_IO naming the file if a read of the mapping went past the end of a file
+ * that shrank since it was opened (truncated or rewritten while in use). Such a read does not
+ * kill the process (SIGBUS); it returns zeros, so whatever was computed from the mapping since
+ * the last check must be discarded when this fails. */
+tr_status tr_gguf_mapping_check(const tr_gguf *g, tr_error *err);
 /* Read `len` bytes starting `off` bytes into tensor i into dst with pread; a short read (file
  * truncated under us) or an I/O error is reported, never silently returned. */
 tr_status tr_gguf_read(const tr_gguf *g, int64_t i, uint64_t off, void *dst, uint64_t len,

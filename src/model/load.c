@@ -674,6 +674,8 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     }
     if ((s = read_shards(m, &p, err))) goto fail;
     if ((s = bind_weights(m, err))) goto fail;
+    /* binding converted vectors from the mapping: a file cut short since it was opened */
+    if ((s = tr_gguf_mapping_check(m->gguf, err))) goto fail;
     if (m->arch->hook && (s = m->arch->hook(m, err))) goto fail;
     for (int64_t i = 0; i < tr_gguf_n_tensors(m->gguf); i++) {
         const tr_tensor_info *ti = tr_gguf_tensor(m->gguf, i);
