@@ -96,3 +96,13 @@ void tr_geglu(float *g, const float *u, int64_t n) {
     pthread_once(&g_gelu_once, gelu_init);
     for (int64_t i = 0; i < n; i++) g[i] = tr_gelu_table(g[i]) * u[i];
 }
+
+bool tr_all_finite(const float *x, int64_t n) {
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u; /* exponent all ones: Inf or NaN */
+    }
+    return !bad;
+}
