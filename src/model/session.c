@@ -208,13 +208,17 @@ static void resolve_params(const tr_model *m, tr_session_params *p) {
     if (p->n_batch > p->n_ctx) p->n_batch = p->n_ctx;
 }
 
-uint64_t tr_session_estimate_default(const tr_model *m) {
+uint64_t tr_session_estimate(const tr_model *m, int32_t n_ctx, int32_t n_batch) {
     tr_session_params p = tr_session_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
     resolve_params(m, &p);
     tr_scratch dummy;
     const int nth = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
     return kv_bytes_of(m, p.n_ctx) + scratch_plan(m, p.n_ctx, p.n_batch, nth, false, NULL, &dummy);
 }
+
+uint64_t tr_session_estimate_default(const tr_model *m) { return tr_session_estimate(m, 0, 0); }
 
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
                             tr_error *err) {
