@@ -409,13 +409,15 @@ bool load_model(const gen_opts *o, loaded *out) {
         return false;
     }
     if (tr_tokenizer_load(tr_model_gguf(out->model), &out->tok, &err)) {
-        cli_error("%s: tokenizer: %s", o->model, err.msg);
+        cli_error("%s: %s", o->model, err.msg); /* the message starts with "tokenizer: " */
         tr_model_free(out->model);
         out->model = NULL;
         return false;
     }
     out->load_ms = now_ms() - t0;
-    if (tr_model_warning(out->model)) fprintf(stderr, "terrace: warning: %s\n", tr_model_warning(out->model));
+    if (tr_model_warning(out->model)) cli_warning("%s", tr_model_warning(out->model));
+    if (tr_tokenizer_warning(out->tok))
+        cli_warning("%s: tokenizer: %s", o->model, tr_tokenizer_warning(out->tok));
     if (o->route_trace && tr_model_route_trace_open(out->model, o->route_trace, &err)) {
         cli_error("%s", err.msg);
         unload_model(out);
@@ -442,7 +444,10 @@ int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, boo
         cli_error("out of memory tokenizing %zu bytes", len);
         return NULL;
     }
-    tr_status s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, &err);
+    size_t dropped = 0;
+    int first = -1;
+    tr_status s = tr_tokenize_ex(t, text, len, add_special, parse_special, ids, cap, n, &dropped,
+                                 &first, &err);
     if (s == TR_E_ARG && *n > cap) {
         cap = *n;
         int32_t *g = realloc(ids, cap * sizeof *ids);
@@ -459,6 +464,11 @@ int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, boo
         cli_error("tokenizing: %s", err.msg);
         return NULL;
     }
+    if (dropped)
+        cli_warning("%zu character%s of the text (the first: byte 0x%02X) %s no token in this "
+                    "model's vocabulary (tokenizer.ggml.tokens) and %s left out",
+                    dropped, dropped == 1 ? "" : "s", first, dropped == 1 ? "has" : "have",
+                    dropped == 1 ? "is" : "are");
     return ids;
 }
 

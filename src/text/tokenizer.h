@@ -88,13 +88,19 @@ typedef enum tr_special {
  * Errors: TR_E_UNSUPPORTED for an unknown or unsupported model or pre-tokenizer (the message names
  * the value and lists the supported ones; a missing or empty `pre` means "default", as in
  * llama.cpp); TR_E_FORMAT for corrupt metadata (missing tokens, wrong key types, scores or
- * token_type arrays shorter than the vocabulary, duplicate token texts, add_bos set without a BOS
- * id). Documented leniencies, all as llama.cpp: special ids out of range are ignored (the default
- * stays, or none); merges naming strings that are not tokens are kept (they can only produce
- * text that falls back to bytes); empty token texts become "[EMPTY_<id>]".
+ * token_type arrays shorter than the vocabulary, token types outside the enum below, duplicate
+ * token texts, add_bos set without a BOS id, a byte-level BPE vocabulary without any of its 256
+ * byte tokens). Documented leniencies, all as llama.cpp and each reported by
+ * tr_tokenizer_warning: special ids out of range are ignored (the default stays, or none);
+ * merges without a space are ignored. Merges naming strings that are not tokens are kept (they
+ * can only produce text that falls back to bytes); empty token texts become "[EMPTY_<id>]".
  */
 tr_status tr_tokenizer_load(const tr_gguf *g, tr_tokenizer **out, tr_error *err);
 void tr_tokenizer_free(tr_tokenizer *t);
+/* What loading accepted but changes what the file asked for, naming the key, or NULL: special
+ * ids outside the vocabulary (ignored, the default kept), merges without a separating space
+ * (ignored). Meant to be shown once, when the model is loaded. */
+const char *tr_tokenizer_warning(const tr_tokenizer *t);
 
 /*
  * Tokenize `len` bytes of `text` (need not be NUL-terminated or valid UTF-8), as llama_tokenize:
@@ -107,6 +113,13 @@ void tr_tokenizer_free(tr_tokenizer *t);
  */
 tr_status tr_tokenize(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
                       bool parse_special, int32_t *out, size_t cap, size_t *n_out, tr_error *err);
+/* tr_tokenize that also counts the characters of the text the vocabulary cannot represent (no
+ * token and no byte token covers them, and SPM has no <unk>): left out, as llama.cpp does, and
+ * reported here so that the caller can say so. *first_dropped: the first one's byte, -1 if none.
+ * Either pointer may be NULL. */
+tr_status tr_tokenize_ex(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
+                         bool parse_special, int32_t *out, size_t cap, size_t *n_out,
+                         size_t *n_dropped, int *first_dropped, tr_error *err);
 
 /*
  * The text of one token, as llama_token_to_piece(lstrip = 0): SPM turns U+2581 into spaces and
