@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "common.h"
 
 static void bench_usage(FILE *f) {
@@ -41,7 +42,10 @@ int cmd_bench(int argc, char **argv) {
     double *tps = NULL;
     float *logits = NULL;
     tr_error err = {0};
-    if (!load_model(&o, &ld)) goto out;
+    if (!load_model(&o, &ld)) {
+        if (ld.usage_error) rc = CLI_EXIT_USAGE;
+        goto out;
+    }
     const int32_t n_vocab = tr_model_n_vocab(ld.model);
     const int32_t np = o.n_prompt_bench, ng = o.n_gen_bench;
     tr_session_params sp = session_params(&o);
@@ -130,6 +134,7 @@ int cmd_bench(int argc, char **argv) {
         }
         printf("\nkernels %s, peak RSS %.1f MiB\n", tr_cpu_isa(), peak_rss_mib());
     }
+    if (!close_outputs(&ld)) goto out;
     rc = 0;
 out:
     free(toks);

@@ -2,15 +2,17 @@
  * terrace chat -m MODEL [-sys SYSTEM] [-p FIRST_MESSAGE] [--chat-template NAME]
  *
  * Interactive chat with the model's chat template (detected from tokenizer.chat_template, or
- * named with --chat-template). Each turn the whole conversation is formatted and tokenized again;
- * only the tokens after the part the session already holds are evaluated, so earlier turns are
- * not recomputed. With -p and stdin not a terminal (or -p alone), it answers one message and
+ * named with --chat-template); -f FILE gives the first message from a file. Each turn the whole
+ * conversation is formatted and tokenized again; only the tokens after the part the session
+ * already holds are evaluated, so earlier turns are not recomputed. With -p and stdin not a terminal (or -p alone), it answers one message and
  * exits — handy for scripts and the demo.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "checks.h"
 #include "generate.h"
 #include "text/chat.h"
 
@@ -22,10 +24,9 @@ static void chat_usage(FILE *f) {
     gen_print_common_flags(f);
 }
 
-static void to_stdout(void *user, const char *s, size_t n) {
+static bool to_stdout(void *user, const char *s, size_t n) {
     (void)user;
-    fwrite(s, 1, n, stdout);
-    fflush(stdout);
+    return out_write(s, n);
 }
 
 /* one line from stdin without its newline; NULL at end of input */
@@ -81,7 +82,12 @@ static bool convo_add(convo *c, const char *role, const char *content) {
 int cmd_chat(int argc, char **argv) {
     gen_opts o;
     if (!gen_parse(argc, argv, &o, "chat", chat_usage)) return CLI_EXIT_USAGE;
+    if (o.prompt && o.prompt_file) {
+        cli_error("chat: give the first message with -p or -f, not both");
+        return CLI_EXIT_USAGE;
+    }
     int rc = CLI_EXIT_ERROR;
+    char *file_text = NULL;
     loaded ld;
     memset(&ld, 0, sizeof ld);
     tr_session *s = NULL;
@@ -93,7 +99,10 @@ int cmd_chat(int argc, char **argv) {
     gen_state total = {0};
     telem tm = {0};
     tr_error err = {0};
-    if (!load_model(&o, &ld)) goto out;
+    if (!load_model(&o, &ld)) {
+        if (ld.usage_error) rc = CLI_EXIT_USAGE;
+        goto out;
+    }
     if (!telem_open(&tm, o.telemetry, ld.model)) goto out;
 
     tr_str tmpl = {0};
@@ -125,6 +134,21 @@ int cmd_chat(int argc, char **argv) {
         goto out;
     }
     tm.sess = s;
+    warn_context(&ld, s);
+    if (o.prompt_file) { /* -f: the first message, no longer than the context can hold */
+        char why[96];
+        snprintf(why, sizeof why, "a context of %d tokens can hold (raise -c)",
+                 tr_session_n_ctx(s));
+        size_t flen = 0;
+        if (!(file_text = read_file_max(o.prompt_file, text_bound(ld.tok, (size_t)tr_session_n_ctx(s)),
+                                        why, &flen)))
+            goto out;
+        if (strlen(file_text) != flen) {
+            cli_error("%s holds a NUL byte: a chat message is text", o.prompt_file);
+            goto out;
+        }
+        o.prompt = file_text;
+    }
     if (o.sampling.repeat_last_n < 0) o.sampling.repeat_last_n = tr_session_n_ctx(s);
     if (tr_sampler_create(&o.sampling, tr_model_n_vocab(ld.model), &smp, &err)) {
         cli_error("%s", err.msg);
@@ -196,8 +220,11 @@ int cmd_chat(int argc, char **argv) {
             free(g.text);
             goto out;
         }
-        fputc('\n', stdout);
-        fflush(stdout);
+        if (!out_write("\n", 1)) {
+            cli_error("cannot write to standard output: %s", strerror(errno));
+            free(g.text);
+            goto out;
+        }
         /* the reply as the model wrote it (stop strings cut) becomes the assistant's turn; the
          * session holds its tokens up to the last one sampled, which was not evaluated */
         const bool added = convo_add(&cv, "assistant",
@@ -216,11 +243,12 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "terrace: %d prompt tokens, %d generated, %.1f tok/s decode\n",
                     g.n_prompt, g.n_gen, g.decode_ms > 0 ? 1e3 * g.n_decoded / g.decode_ms : 0.0);
     }
-    telem_close(&tm);
+    if (!telem_close(&tm) || !close_outputs(&ld)) goto out;
     if (total.stopped_by) gen_summary(&total, &ld, s);
     rc = 0;
 out:
     telem_close(&tm);
+    free(file_text);
     for (size_t i = 0; i < cv.n; i++) free(cv.owned[i]);
     free(cv.owned);
     free(cv.msgs);

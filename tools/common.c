@@ -1,4 +1,5 @@
 #include "common.h"
+#include "checks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -239,6 +240,11 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             unsigned long long b = 0;
             if (!strcmp(v, "min")) b = TR_EXPERT_CACHE_MIN;
             else if (strcmp(v, "auto") && !cli_parse_size(a, v, &b)) return false;
+            else if (strcmp(v, "auto") && b == 0) { /* 0 is the library's "auto": say it */
+                cli_error("--expert-cache 0 holds no expert: give a size, min (the smallest legal "
+                          "budget) or auto");
+                return false;
+            }
             o->expert_cache = b;
             break;
         }
@@ -345,7 +351,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         unescape(copy);
         o->prompt = copy; /* lives until exit */
     }
-    return true;
+    return gen_check_flags(o, cmd);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -406,6 +412,12 @@ bool load_model(const gen_opts *o, loaded *out) {
     const double t0 = now_ms();
     if (tr_model_load(o->model, &mp, &out->model, &err)) {
         cli_error("%s", err.msg);
+        return false;
+    }
+    if (!gen_check_model_flags(o, out->model)) {
+        tr_model_free(out->model);
+        out->model = NULL;
+        out->usage_error = true;
         return false;
     }
     if (tr_tokenizer_load(tr_model_gguf(out->model), &out->tok, &err)) {
@@ -473,35 +485,8 @@ int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, boo
 }
 
 char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        cli_error("cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        const size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        cap *= 2;
-        char *g = realloc(buf, cap + 1);
-        if (!g) {
-            free(buf);
-            buf = NULL;
-        }
-        buf = g;
-    }
-    const bool bad = !buf || ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        cli_error("cannot read %s", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
+    /* a file read whole, where no smaller bound is known: never without one (/dev/zero) */
+    return read_file_max(path, (size_t)1 << 30, "a text file read whole may hold", len);
 }
 
 int piece_of(const tr_tokenizer *t, int32_t id, char *buf, size_t cap) {

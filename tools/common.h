@@ -46,6 +46,7 @@ typedef struct loaded {
     tr_model *model;
     tr_tokenizer *tok;
     double load_ms;
+    bool usage_error; /* load_model failed on flags the model does not use (exit 2) */
 } loaded;
 
 /* loads model + tokenizer; prints the error itself and returns false on failure */
@@ -55,7 +56,8 @@ void unload_model(loaded *l);
 /* tokenizes text into a malloc'd array; prints the error and returns NULL on failure */
 int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
                         bool parse_special, size_t *n);
-/* reads a whole file into a malloc'd NUL-terminated buffer; prints why not and returns NULL */
+/* reads a whole file (at most 1 GiB; checks.h has the bounded form) into a malloc'd
+ * NUL-terminated buffer; prints why not and returns NULL */
 char *read_file(const char *path, size_t *len);
 
 /* session parameters from -c, -b and the --kv-* flags */
