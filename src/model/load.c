@@ -191,9 +191,8 @@ static tr_status load_hparams(tr_model *m, int32_t *n_head, int32_t *n_head_kv, 
                            "most the key head dimension %d (%s)",
                            m->arch_name, rot, hp->head_dim_k, src_k);
         return tr_fail(err, TR_E_FORMAT,
-                       "the key head dimension %d (%s) is odd: RoPE rotates pairs, and the file "
-                       "has no %s.rope.dimension_count to rotate fewer",
-                       hp->head_dim_k, src_k, m->arch_name);
+                       "the key head dimension %d (%s) is odd: RoPE rotates pairs of dimensions",
+                       hp->head_dim_k, src_k);
     }
     hp->n_rot = (int32_t)rot;
     if (!strcmp(m->arch->name, "llama") && hp->n_rot != hp->head_dim_k)
@@ -772,6 +771,18 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     }
     if ((s = read_shards(m, &p, err))) goto fail;
     if ((s = bind_weights(m, err))) goto fail;
+    {
+        /* FFN widths the scratch is sized by: only those of what was bound, so a width in the
+         * metadata that no tensor has (a shared expert's in a file without one) sizes nothing */
+        tr_hparams *hp = &m->hp;
+        hp->n_ff_max = 0;
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            const tr_layer *L = &m->layers[l];
+            int32_t w = L->moe ? hp->n_ff_exp : L->n_ff;
+            if (L->shexp_gate.data && hp->n_ff_shexp > w) w = hp->n_ff_shexp;
+            if (w > hp->n_ff_max) hp->n_ff_max = w;
+        }
+    }
     /* binding converted vectors from the mapping: a file cut short since it was opened */
     if ((s = tr_gguf_mapping_check(m->gguf, err))) goto fail;
     if (m->arch->hook && (s = m->arch->hook(m, err))) goto fail;
