@@ -3,7 +3,7 @@
 #   make test       install what is missing, build, run every test (the CI command)
 #   make demo       install what is missing, build, run the main job on the default model
 #   make bench-kernels   matvec bandwidth table (not part of make test)
-#   make fuzz       run the GGUF reader fuzzer for FUZZ_SECONDS (default 300)
+#   make fuzz       run each fuzzer (FUZZ=gguf|tokenizer|model, default all) for FUZZ_SECONDS
 
 CC      ?= cc
 ARCH    := $(shell $(CC) -dumpmachine | cut -d- -f1)
@@ -141,11 +141,37 @@ build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard src/*/*.h include/
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LDLIBS)
 
-fuzz-build: build/fuzz/fuzz_gguf
+# the tokenizer and model-loader targets link the whole library, built by clang with the
+# sanitizers and libFuzzer's coverage (SIMD files included: the model target runs the kernels)
+FUZZ_LIB := build/fuzzlib/libterrace.a
+.PHONY: fuzz-lib
+fuzz-lib:
+	@$(MAKE) --no-print-directory CC=clang BUILD=build/fuzzlib \
+	    OPT="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" $(FUZZ_LIB)
 
-fuzz: deps build/fuzz/fuzz_gguf
-	@mkdir -p fuzz/corpus
-	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 fuzz/corpus
+build/fuzz/fuzz_tokenizer build/fuzz/fuzz_model: build/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/gguf_writer.h fuzz-lib
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Ifuzz -o $@ $< $(FUZZ_LIB) $(LDLIBS)
+
+FUZZ_TARGETS := gguf tokenizer model
+FUZZ ?= $(FUZZ_TARGETS)
+# the committed corpus of each target (replayed by make test); gguf's predates the naming
+fuzz_corpus = $(if $(filter gguf,$(1)),fuzz/corpus,fuzz/corpus-$(1))
+
+fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%)
+
+# new inputs go to build/fuzz/corpus-*; merge the interesting ones into the committed corpus with
+# `build/fuzz/fuzz_T -merge=1 CORPUS build/fuzz/corpus-T`. The tokenizer target also reads the
+# shared test vocabularies when they are there.
+fuzz: deps $(FUZZ:%=build/fuzz/fuzz_%)
+	@for t in $(FUZZ); do \
+	    c=$$(case $$t in gguf) echo fuzz/corpus;; *) echo fuzz/corpus-$$t;; esac); \
+	    mkdir -p build/fuzz/corpus-$$t $$c; \
+	    echo "=== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	    TERRACE_FUZZ_VOCAB=$${TERRACE_FUZZ_VOCAB:-../shared/testdata/vocab} \
+	    build/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
+	        -print_final_stats=1 build/fuzz/corpus-$$t $$c || exit 1; \
+	done
 
 format:
 	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/*/*/*.[ch] tools/*.[ch] tests/*.[ch] bench/*.c fuzz/*.c)
