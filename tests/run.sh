@@ -53,11 +53,19 @@ done
 run "gen dequant reference (gguf.quants)" $PY tests/py/gen_dequant.py "$TMP/dequant.gguf"
 run "test_dequant [build]" build/tests/test_dequant "$TMP/dequant.gguf"
 run "test_dequant [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_dequant" "$TMP/dequant.gguf"
+# the same blocks with general.alignment = 1, every tensor at an odd byte (UBSan: no misaligned load)
+$PY tests/py/ggufedit.py --odd-offsets "$TMP/dequant.gguf" "$TMP/dequant-odd.gguf"
+run "test_dequant, tensors at odd offsets [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_dequant" \
+    "$TMP/dequant-odd.gguf"
 
 # --- GGUF reader: files from the gguf writer; hostile files; all under ASan/UBSan --------------
 run "gguf reader (gguf writer files) [$ASAN_BUILD]" \
     $PY tests/py/test_gguf_reader.py "$ASAN_BUILD/terrace" "$ASAN_BUILD/tests/test_gguf"
 run "hostile GGUF files [$ASAN_BUILD]" $PY tests/py/test_hostile.py "$ASAN_BUILD/terrace"
+# hostile models and faults (NaN weights, odd offsets, a file truncated under the runtime, FIFOs,
+# full disks, flags that do not apply), from the synthetic models and the default model
+run "hostile models and faults [$ASAN_BUILD]" $PY tests/py/test_faults.py "$ASAN_BUILD/terrace" \
+    "$(bash scripts/get_model.sh smollm2)"
 
 # --- model: sessions, batching, errors; logit parity with llama.cpp (stored references) --------
 # F32 weights: batching must not change a single bit there (quantized weights would add the
@@ -98,8 +106,12 @@ run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; d
 
 # --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
-    run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \
+    run "fuzz corpus replay: GGUF reader ($(ls fuzz/corpus | wc -l) inputs)" \
         build/fuzz/fuzz_gguf -runs=0 fuzz/corpus
+    for t in tokenizer model; do
+        run "fuzz corpus replay: $t ($(ls fuzz/corpus-$t | wc -l) inputs)" \
+            build/fuzz/fuzz_$t -runs=0 fuzz/corpus-$t
+    done
 else
     skip "fuzz corpus replay" "clang/libFuzzer not available"
 fi

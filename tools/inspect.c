@@ -5,6 +5,7 @@
  * text view is printed from that document, so `--json` and the text always say the same thing.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -627,8 +628,9 @@ int cmd_inspect(int argc, char **argv) {
         print_report(doc);
     }
     cJSON_Delete(doc);
+    errno = 0;
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        cli_error("writing the report failed");
+        cli_error("writing the report failed: %s", strerror(errno ? errno : EIO));
         return CLI_EXIT_ERROR;
     }
     return 0;

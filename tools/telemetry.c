@@ -109,6 +109,7 @@ bool telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
     const uint64_t lookups = st.expert_hits + st.expert_misses;
     const double hit = lookups ? (double)st.expert_hits / (double)lookups : 0.0;
     if (t->f) {
+        errno = 0; /* whichever write of the line fails first sets it */
         fprintf(t->f,
                 "{\"token\": %d, \"id\": %d, \"t_ms\": %.3f, \"tok_s\": %.3f, \"ttft_ms\": %.3f, "
                 "\"rss_mb\": %.1f, \"hit_rate\": %.5f, \"expert_hits\": %llu, \"expert_misses\": %llu, "
@@ -151,7 +152,6 @@ bool telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                     (unsigned long long)kv.spec_early, kv.spec_cos, kv.sel_repeat);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
-        errno = 0;
         if (fputs("}\n", t->f) == EOF || ferror(t->f)) {
             cli_error("cannot write the telemetry file %s: %s", t->path,
                       strerror(errno ? errno : EIO));
