@@ -1,7 +1,7 @@
 /*
  * libFuzzer target for the model loader's validation: a valid small model (a dense llama or a
  * qwen3moe, F32 weights, a byte-level BPE tokenizer) whose metadata values are changed by the
- * input, then loaded, its tokenizer loaded, and — when both accept it — a session created and a
+ * input, then loaded (the tokenizer with it), and — when it loads — a session created and a
  * few tokens evaluated, so a hyperparameter that passes validation but does not fit the tensors
  * surfaces under AddressSanitizer. Failures must say why (a non-empty message).
  *
@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "gguf_writer.h"
-#include "text/tokenizer.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -282,12 +281,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         need_message(&err);
         return 0;
     }
-    tr_tokenizer *tok = NULL;
-    if (tr_tokenizer_load(tr_model_gguf(model), &tok, &err) != TR_OK) {
-        need_message(&err);
-        tr_model_free(model);
-        return 0;
-    }
+    const tr_tokenizer *tok = tr_model_tokenizer(model); /* loaded (and checked) with it */
     tr_session_params sp = tr_session_default_params();
     sp.n_ctx = 16;
     sp.n_batch = 4;
@@ -296,7 +290,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const int32_t n_vocab = tr_model_n_vocab(model);
         int32_t ids[6];
         size_t n = 0;
-        if (tr_tokenize(tok, "hello world", 11, true, true, ids, 6, &n, &err) != TR_OK) n = 0;
+        if (!tok || tr_tokenize(tok, "hello world", 11, true, true, ids, 6, &n, &err) != TR_OK)
+            n = 0;
         for (size_t i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= n_vocab) abort(); /* the loader matched the sizes */
         float *logits = malloc(sizeof(float) * (size_t)n_vocab);
@@ -308,7 +303,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         need_message(&err);
     }
-    tr_tokenizer_free(tok);
     tr_model_free(model);
     return 0;
 }

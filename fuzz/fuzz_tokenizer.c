@@ -8,7 +8,7 @@
  * kind (control, user-defined, unknown) and end-of-turn texts.
  *
  * Input: byte 0 picks the tokenizer, byte 1 the flags (add_special, parse_special,
- * render_special), the rest is the text. Checked: every id is inside the vocabulary, the count
+ * render_special, remove_special), the rest is the text. Checked: every id is inside the vocabulary, the count
  * protocol (a too-small buffer reports the size), detokenize accepts what tokenize produced,
  * token_to_piece's size protocol, and the dropped-character count is at most the text's length.
  *
@@ -21,7 +21,6 @@
 
 #include "gguf_writer.h"
 #include "text/tok_internal.h"
-#include "text/tokenizer.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -235,7 +234,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     const tr_tokenizer *t = g_tok[data[0] % g_n];
-    const bool add_special = data[1] & 1, parse_special = data[1] & 2, render = data[1] & 4;
+    const bool add_special = data[1] & 1, parse_special = data[1] & 2, render = data[1] & 4,
+               remove_special = data[1] & 8;
     const char *text = (const char *)data + 2;
     const size_t len = size - 2;
     const int32_t n_vocab = tr_tokenizer_n_vocab(t);
@@ -269,11 +269,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     size_t dn = 0;
-    st = tr_detokenize(t, ids, n, render, big, sizeof big, &dn, &err);
+    st = tr_detokenize(t, ids, n, remove_special, render, big, sizeof big, &dn, &err);
     if (st == TR_E_ARG && dn > sizeof big) {
         char *out = malloc(dn);
         if (!out) abort();
-        if (tr_detokenize(t, ids, n, render, out, dn, &dn, &err) != TR_OK) abort();
+        if (tr_detokenize(t, ids, n, remove_special, render, out, dn, &dn, &err) != TR_OK)
+            abort();
         free(out);
     } else if (st != TR_OK) {
         abort();
