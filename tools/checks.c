@@ -25,8 +25,10 @@ static bool check_commands(const gen_opts *o, const char *cmd) {
         unsigned commands;
         const char *what;
     } rows[] = {
-        {"-sys", o->system != NULL, C_CHAT, "the system prompt of a chat template"},
-        {"--chat-template", o->chat_template != NULL, C_CHAT, "the chat template"},
+        {"-sys", o->system != NULL, C_CHAT | C_RUN, "the system prompt of a chat template"},
+        {"--chat-template", o->chat_template != NULL, C_CHAT | C_RUN, "the chat template"},
+        {"--jinja", o->jinja, C_CHAT | C_RUN, "the chat template"},
+        {"--reasoning-format", o->reasoning_none, C_CHAT, "how a reply's reasoning is shown"},
         {"--telemetry", o->telemetry != NULL, C_RUN | C_CHAT, "per generated token"},
         {"--chunks", o->n_chunks > 0, C_PPL, "the chunks scored"},
         {"--json", o->json, C_BENCH, "bench's report"},
@@ -43,6 +45,12 @@ static bool check_commands(const gen_opts *o, const char *cmd) {
                          k++ ? " and " : "", names[c]);
         cli_error("%s: %s sets %s, which %s does not use (it applies to %s)", cmd, rows[i].flag,
                   rows[i].what, cmd, uses);
+        return false;
+    }
+    /* run formats the prompt with the template only when asked to */
+    if (bit == C_RUN && o->system && !o->jinja && !o->chat_template) {
+        cli_error("run: -sys sets the system prompt of a chat template, which run uses only with "
+                  "--jinja or --chat-template");
         return false;
     }
     return true;

@@ -320,10 +320,13 @@ def main():
         expect("--expert-policy with --experts mmap", ["run", "-m", moe, "-p", "hi", "--experts",
                                                        "mmap", "--expert-policy", "lru"],
                ["--expert-policy", "--experts mmap"], rc=2)
-        expect("-sys in run", ["run", "-m", dense, "-p", "hi", "-sys", "be brief"],
-               ["-sys", "chat"], rc=2)
-        expect("--chat-template in run", ["run", "-m", dense, "-p", "hi", "--chat-template", "chatml"],
-               ["--chat-template", "chat"], rc=2)
+        expect("-sys in run without a template", ["run", "-m", dense, "-p", "hi", "-sys", "be brief"],
+               ["-sys", "--jinja", "--chat-template"], rc=2)
+        expect("--reasoning-format in run", ["run", "-m", dense, "-p", "hi", "--reasoning-format",
+                                             "none"], ["--reasoning-format", "terrace chat"], rc=2)
+        expect("--chat-template in bench", ["bench", "-m", dense, "-p", "8", "-n", "2",
+                                            "--chat-template", "chatml"],
+               ["--chat-template", "terrace run", "terrace chat"], rc=2)
         expect("--chunks in run", ["run", "-m", dense, "-p", "hi", "--chunks", "2"],
                ["--chunks", "perplexity"], rc=2)
 
