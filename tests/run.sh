@@ -122,6 +122,9 @@ run "test_kv [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_kv"
 run "test_kv [$TSAN_BUILD]" "$TSAN_BUILD"/tests/test_kv
 run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; default model" \
     $PY tests/py/test_kv_policies.py build/terrace "$(bash scripts/get_model.sh smollm2)"
+run "KV policies bit-identical to the stored digests: MHA/GQA/MQA synthetic, default model" \
+    $PY tests/py/test_kv_logits.py check build/terrace "$(bash scripts/get_model.sh smollm2)" \
+    tests/ref/kv-logits.json
 
 # --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
