@@ -21,7 +21,7 @@
 
 #include "core/clock.h"
 #include "core/pool.h"
-#include "kv/kv_internal.h"
+#include "kv_test_compat.h"
 #include "tensor/fp16.h"
 #include "testutil.h"
 
@@ -34,7 +34,7 @@ typedef struct shp {
 } shp;
 
 static tr_kv_shape to_shape(const shp *s) {
-    return (tr_kv_shape){s->nl, s->nctx, s->nh, s->nkv, s->hdk, s->hdv};
+    return (tr_kv_shape){s->nl, s->nctx, s->nh, s->nkv, s->hdk, s->hdv, NULL, NULL};
 }
 
 static float r16(float x) { return tr_f16_to_f32(tr_f32_to_f16(x)); }
@@ -272,7 +272,7 @@ static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, int w
     if (small_ws) p.ws_bytes = 40ull * (uint64_t)s->nkv * (uint64_t)(s->hdk + s->hdv) * 2;
     tr_kv *kv = mk(s, &p);
     if (!kv) return;
-    if (ws == 2) kv->pipe_min = 1;
+    if (ws == 2) tr_kv_pooled_of(kv)->pipe_min = 1;
     if (!fill(kv, d, 0, s->nctx)) {
         tr_kv_free(kv);
         return;
@@ -299,7 +299,7 @@ static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, int w
         for (int i = 0; i < 4; i++) {
             query_make(q, s, at[i], 100 + (uint64_t)at[i], false);
             tr_status st =
-                tr_kv_attend_rows(kv, g_pool, l, 1, &at[i], q, qn, scale, NULL, 0, o, on, &err);
+                attend_rows(kv, g_pool, l, 1, &at[i], q, qn, scale, NULL, 0, o, on, &err);
             TU_CHECK(st == TR_OK, "%s %s attend: %s", s->name, tr_kv_policy_name(pol), err.msg);
             ref_attend(d, l, s, at[i], q, scale, NULL, 0, NULL, ro);
             const float e = maxdiff(o, ro, on);
@@ -311,7 +311,7 @@ static void check_policy_alpha1(const shp *s, tr_kv_policy pol, bool cold, int w
         pos[r] = 150 + r;
         query_make(q + r * qn, s, pos[r], 300 + (uint64_t)r, false);
     }
-    tr_status st = tr_kv_attend_rows(kv, g_pool, 1, 8, pos, q, qn, scale, sinks, 24, o, on, &err);
+    tr_status st = attend_rows(kv, g_pool, 1, 8, pos, q, qn, scale, sinks, 24, o, on, &err);
     TU_CHECK(st == TR_OK, "%s %s attend rows: %s", s->name, tr_kv_policy_name(pol), err.msg);
     for (int r = 0; r < 8; r++) {
         ref_attend(d, 1, s, pos[r], q + r * qn, scale, sinks, 24, NULL, ro);
@@ -494,9 +494,9 @@ static void test_selection(void) {
                     /* group A: the candidates on storage (see tr_kv_score_tokens) */
                     int32_t na = 0;
                     const int32_t written =
-                        kv->cold ? kv->layers[l].pages_written * TR_KV_PAGE : 0;
+                        KVS(kv)->cold ? KVS(kv)->layers[l].pages_written * TR_KV_PAGE : 0;
                     while (na < nc && cand[na] < written) na++;
-                    tr_kv_score_tokens(kv, NULL, l, q, 0.125f, cand, nall, na, kv->agg, sc);
+                    tr_kv_score_tokens(KEYS(kv), NULL, l, q, 0.125f, cand, nall, na, KEYS(kv)->agg, sc);
                     for (int32_t i = 0; i < nc && k < nc; i++) {
                         int32_t above = 0; /* rank by counting: brute force */
                         for (int32_t j = 0; j < nc; j++) above += sc[j] > sc[i];
@@ -510,20 +510,20 @@ static void test_selection(void) {
                     int32_t nwant = 0, miss = 0;
                     for (int32_t t = 0; t < 500; t++) nwant += want[t];
                     for (int32_t i = 0; i < n; i++) {
-                        miss += !want[kv->sel[i]];
-                        if (i) miss += kv->sel[i] <= kv->sel[i - 1];
+                        miss += !want[tr_kv_pooled_of(kv)->sel[i]];
+                        if (i) miss += tr_kv_pooled_of(kv)->sel[i] <= tr_kv_pooled_of(kv)->sel[i - 1];
                     }
                     TU_CHECK(n == nwant && miss == 0,
                              "tiered selection at %d (alpha %.1f, swa %d): %d chosen, %d expected, "
                              "%d wrong",
                              pos, (double)p.alpha, swa, n, nwant, miss);
                     /* and the attention over that selection (gathered from both pools) */
-                    memcpy(sel, kv->sel, sizeof(int32_t) * (size_t)n);
-                    st = tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, swa, o, on,
+                    memcpy(sel, tr_kv_pooled_of(kv)->sel, sizeof(int32_t) * (size_t)n);
+                    st = attend_rows(kv, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, swa, o, on,
                                            &err);
                     TU_CHECK(st == TR_OK, "attend: %s", err.msg);
-                    TU_CHECK(kv->layers[l].selected == (uint64_t)n, "selected %llu vs %d",
-                             (unsigned long long)kv->layers[l].selected, n);
+                    TU_CHECK(tr_kv_pooled_of(kv)->layer_selected[l] == (uint64_t)n, "selected %llu vs %d",
+                             (unsigned long long)tr_kv_pooled_of(kv)->layer_selected[l], n);
                     memset(want, 0, 500);
                     for (int32_t i = 0; i < n; i++) want[sel[i]] = 1;
                     ref_attend(&d, l, &s, pos, q, 0.125f, NULL, swa, want, ro);
@@ -581,7 +581,7 @@ static void test_sel_repeat(void) {
             const int32_t win_lo = pos - p.n_window + 1 > lo ? pos - p.n_window + 1 : lo;
             memset(cur, 0, 400);
             for (int32_t j = 0; j < n; j++)
-                if (kv->sel[j] >= p.n_sink && kv->sel[j] < win_lo) cur[kv->sel[j]] = 1;
+                if (tr_kv_pooled_of(kv)->sel[j] >= p.n_sink && tr_kv_pooled_of(kv)->sel[j] < win_lo) cur[tr_kv_pooled_of(kv)->sel[j]] = 1;
             const bool follows = i > 0 && rows[i - 1] == pos - 1;
             for (int32_t t = 0; t < 400 && follows; t++) {
                 want_f += cur[t];
@@ -681,7 +681,7 @@ static void test_recall(void) {
                     p.score_bits = b ? 4 : 8;
                     kvs[b][e] = mk(s, &p);
                     if (!kvs[b][e]) continue;
-                    tr_kv_set_eq(kvs[b][e], (tr_kv_eq)e);
+                    KEYS(kvs[b][e])->eq_mode = (tr_kv_eq)e;
                     fill(kvs[b][e], &d, 0, N);
                 }
             memset(res[iid][si], 0, sizeof res[iid][si]);
@@ -729,7 +729,7 @@ static void test_recall(void) {
                     for (int b = 0; b < 2; b++)
                         for (int e = 0; e < 3; e++) {
                             if (!kvs[b][e]) continue;
-                            tr_kv_score_tokens(kvs[b][e], g_pool, 0, q, (float)scale, cand, N, 0,
+                            tr_kv_score_tokens(KEYS(kvs[b][e]), g_pool, 0, q, (float)scale, cand, N, 0,
                                                (tr_kv_agg)agg, sc);
                             for (int32_t t = 0; t < N; t++) idx[t] = t;
                             tr_kv_topk(sc, idx, N, k);
@@ -808,8 +808,8 @@ static void test_recall(void) {
     tr_kv_params p = params(TR_KV_TIERED, 0.2f);
     tr_kv *kv = mk(&shapes[0], &p);
     if (kv) {
-        TU_CHECK(kv->agg == chosen_agg, "default aggregation is not the better one");
-        TU_CHECK(eqtot[kv->eq_mode] >= fmax(eqtot[0], fmax(eqtot[1], eqtot[2])) - 0.005 * 12 * NA,
+        TU_CHECK(KEYS(kv)->agg == chosen_agg, "default aggregation is not the better one");
+        TU_CHECK(eqtot[KEYS(kv)->eq_mode] >= fmax(eqtot[0], fmax(eqtot[1], eqtot[2])) - 0.005 * 12 * NA,
                  "default equalisation is not the better one");
         tr_kv_free(kv);
     }
@@ -852,16 +852,16 @@ static void test_h2o(void) {
             fill(kv, &d, t, t + 1);
             query_make(q, &s, t, 7000 + (uint64_t)t, false);
             for (int32_t i = 0; i <= t; i++)
-                allow[i] = kv->layers[0].tok[i].where != TR_KV_TOK_EVICTED;
+                allow[i] = KVS(kv)->layers[0].tok[i].where != TR_KV_TOK_EVICTED;
             tr_status st =
-                tr_kv_attend_rows(kv, g_pool, 0, 1, &t, q, qn, 0.2f, NULL, 0, o, on, &err);
+                attend_rows(kv, g_pool, 0, 1, &t, q, qn, 0.2f, NULL, 0, o, on, &err);
             TU_CHECK(st == TR_OK, "h2o attend: %s", err.msg);
             ref_attend(&d, 0, &s, t, q, 0.2f, NULL, 0, allow, ro);
             const float e = maxdiff(o, ro, on);
             if (e > worst) worst = e;
             int32_t kept = 0;
             for (int32_t i = 0; i <= t; i++) {
-                const bool ev = kv->layers[0].tok[i].where == TR_KV_TOK_EVICTED;
+                const bool ev = KVS(kv)->layers[0].tok[i].where == TR_KV_TOK_EVICTED;
                 if (ever[i] && !ev) broken++; /* an evicted token came back */
                 ever[i] |= ev;
                 kept += !ev;
@@ -889,12 +889,12 @@ static void test_h2o(void) {
                 pos[r] = b + r;
                 query_make(q + r * qn, &s, pos[r], 7000 + (uint64_t)pos[r], false);
             }
-            tr_kv_attend_rows(kv2, g_pool, 0, 16, pos, q, qn, 0.2f, NULL, 0, o1 + b * on, on, &err);
+            attend_rows(kv2, g_pool, 0, 16, pos, q, qn, 0.2f, NULL, 0, o1 + b * on, on, &err);
         }
         int diff = 0;
         for (int32_t i = 0; i < 128; i++)
-            diff += (kv->layers[0].tok[i].where == TR_KV_TOK_EVICTED) !=
-                    (kv2->layers[0].tok[i].where == TR_KV_TOK_EVICTED);
+            diff += (KVS(kv)->layers[0].tok[i].where == TR_KV_TOK_EVICTED) !=
+                    (KVS(kv2)->layers[0].tok[i].where == TR_KV_TOK_EVICTED);
         TU_CHECK(diff == 0, "h2o: a 16-row call evicts differently from 16 single steps (%d)",
                  diff);
         /* truncate keeps earlier evictions; re-appended positions are new */
@@ -902,11 +902,11 @@ static void test_h2o(void) {
         TU_CHECK(st == TR_OK, "truncate: %s", err.msg);
         int kept_ev = 0;
         for (int32_t i = 0; i < 100; i++)
-            kept_ev += ever[i] == (kv->layers[0].tok[i].where == TR_KV_TOK_EVICTED);
+            kept_ev += ever[i] == (KVS(kv)->layers[0].tok[i].where == TR_KV_TOK_EVICTED);
         TU_CHECK(kept_ev == 100, "h2o truncate changed evictions below the cut");
         fill(kv, &d, 100, 120);
         for (int32_t i = 100; i < 120; i++)
-            TU_CHECK(kv->layers[0].tok[i].where != TR_KV_TOK_EVICTED, "re-appended %d evicted", i);
+            TU_CHECK(KVS(kv)->layers[0].tok[i].where != TR_KV_TOK_EVICTED, "re-appended %d evicted", i);
         printf("h2o (%s): %llu of 128 tokens evicted at alpha 0.4, none returned, sinks and "
                "window kept; attention = reference over the kept set (%.2e); multi-row = "
                "sequential\n",
@@ -968,13 +968,13 @@ static void test_quest(void) {
         int32_t pos = 299;
         query_make(q, &s, pos, 77, false);
         tr_status st =
-            tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+            attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_OK, "quest attend: %s", err.msg);
         int32_t n = 0;
         st = tr_kv_select_row(kv, g_pool, 0, pos, q, false, 0.125f, 0, &n, &err);
         memset(allow, 0, 300);
         int whole = 1;
-        for (int32_t i = 0; i < n; i++) allow[kv->sel[i]] = 1;
+        for (int32_t i = 0; i < n; i++) allow[tr_kv_pooled_of(kv)->sel[i]] = 1;
         for (int32_t t = p.n_sink; t <= pos - p.n_window; t++)
             if (allow[t] != allow[(t / 16) * 16 > p.n_sink ? (t / 16) * 16 : p.n_sink]) whole = 0;
         TU_CHECK(whole, "quest selected part of a page");
@@ -1026,14 +1026,14 @@ static void test_truncate(void) {
         tr_error err = {0};
         fill(kv, &d1, 0, 120);
         /* position 70 is inside page 4 (64..79), whose first tokens are cold by now */
-        TU_CHECK(kv->layers[0].tok[64].where == TR_KV_TOK_COLD, "token 64 should be cold");
+        TU_CHECK(KVS(kv)->layers[0].tok[64].where == TR_KV_TOK_COLD, "token 64 should be cold");
         TU_CHECK(tr_kv_truncate(kv, 70, &err) == TR_OK, "truncate: %s", err.msg);
         fill(kv, &dm, 70, 160);
         for (int32_t l = 0; l < s.nl; l++)
             for (int32_t pos = 75; pos < 160; pos += 21) {
                 query_make(q, &s, pos, 3 + (uint64_t)pos, false);
                 tr_status st =
-                    tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+                    attend_rows(kv, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
                 TU_CHECK(st == TR_OK, "attend after truncate: %s", err.msg);
                 ref_attend(&dm, l, &s, pos, q, 0.125f, NULL, 0, NULL, ro);
                 const float e = maxdiff(o, ro, on);
@@ -1095,7 +1095,7 @@ static void test_save_restore(void) {
         for (int32_t pos = 100; pos < 180; pos += 7)
             for (int32_t l = 0; l < s.nl; l++) {
                 query_make(q, &s, pos, (uint64_t)pos, false);
-                tr_kv_attend_rows(a, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o1, on, &err);
+                attend_rows(a, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o1, on, &err);
             }
         tr_status st = tr_kv_save(a, path, &err);
         TU_CHECK(st == TR_OK, "save: %s", err.msg);
@@ -1104,19 +1104,19 @@ static void test_save_restore(void) {
         TU_CHECK(st == TR_OK, "restore: %s", err.msg);
         int same_state = 1;
         for (int32_t l = 0; l < s.nl; l++) {
-            same_state &= a->layers[l].len == b->layers[l].len;
+            same_state &= KVS(a)->layers[l].len == KVS(b)->layers[l].len;
             for (int32_t t = 0; t < 180; t++)
-                same_state &= a->layers[l].tok[t].hits == b->layers[l].tok[t].hits &&
-                              (a->layers[l].tok[t].where == TR_KV_TOK_EVICTED) ==
-                                  (b->layers[l].tok[t].where == TR_KV_TOK_EVICTED);
+                same_state &= KVS(a)->layers[l].tok[t].hits == KVS(b)->layers[l].tok[t].hits &&
+                              (KVS(a)->layers[l].tok[t].where == TR_KV_TOK_EVICTED) ==
+                                  (KVS(b)->layers[l].tok[t].where == TR_KV_TOK_EVICTED);
         }
         TU_CHECK(same_state, "%s: restored token state differs", tr_kv_policy_name(pols[pi]));
         float worst = 0;
         for (int32_t l = 0; l < s.nl; l++) {
             int32_t pos = 179;
             query_make(q, &s, pos, 4242, false);
-            tr_kv_attend_rows(a, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o1, on, &err);
-            tr_kv_attend_rows(b, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o2, on, &err);
+            attend_rows(a, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o1, on, &err);
+            attend_rows(b, g_pool, l, 1, &pos, q, qn, 0.125f, NULL, 0, o2, on, &err);
             const float e = maxdiff(o1, o2, on);
             if (e > worst) worst = e;
         }
@@ -1128,7 +1128,7 @@ static void test_save_restore(void) {
             st = tr_kv_restore(b, path, &err);
             TU_CHECK(st == TR_E_FORMAT && strstr(err.msg, "checksum"), "damaged save: %d %s", st,
                      err.msg);
-            TU_CHECK(b->layers[0].len == 0, "a failed restore left %d positions", b->layers[0].len);
+            TU_CHECK(KVS(b)->layers[0].len == 0, "a failed restore left %d positions", KVS(b)->layers[0].len);
             printf("save/restore: damaged file -> %s\n", err.msg);
             /* another shape is refused */
             shp s2 = s;
@@ -1198,7 +1198,7 @@ static void test_faults(void) {
     TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "working set"), "ws too small: %d %s", st,
              err.msg);
     printf("budget: %s\n", err.msg);
-    TU_CHECK(tr_kv_dram_bytes(&(tr_kv_shape){2, 256, 8, 2, 64, 64}, &p) > p.hot_bytes,
+    TU_CHECK(tr_kv_dram_bytes(&(tr_kv_shape){2, 256, 8, 2, 64, 64, NULL, NULL}, &p) > p.hot_bytes,
              "dram bytes");
     b = p;
     b.alpha = 0;
@@ -1273,7 +1273,7 @@ static void test_faults(void) {
     st = try_create(&s, &b, &err, &kv);
     TU_CHECK(st == TR_OK, "create: %s", err.msg);
     if (kv) {
-        tr_kv_set_write_fault(kv, 5, ENOSPC);
+        set_write_fault(kv, 5, ENOSPC);
         st = TR_OK;
         for (int32_t t = 0; t < 256 && !st; t++)
             for (int32_t l = 0; l < s.nl && !st; l++)
@@ -1294,40 +1294,40 @@ static void test_faults(void) {
     if (kv && fill(kv, &d, 0, 256)) {
         int32_t pos = 255;
         query_make(q, &s, pos, 1, false);
-        st = tr_kv_attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        st = attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_OK, "attend before corruption: %s", err.msg);
         char seg[400], fdpath[64];
-        tr_kv_seg_path(kv, 1, seg, sizeof seg);
+        tr_kv_seg_path(KVS(kv), 1, seg, sizeof seg);
         /* the file is unlinked already (it lives on through the cache's descriptor) */
         TU_CHECK(access(seg, F_OK) != 0, "%s still has a name", seg);
-        snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", kv->layers[1].fd);
-        flip_byte(fdpath, (off_t)(tr_kv_page_offset(kv, 3) + 2 * kv->rec + 77));
-        st = tr_kv_attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", KVS(kv)->layers[1].fd);
+        flip_byte(fdpath, (off_t)(tr_kv_page_offset(KVS(kv), 3) + 2 * KVS(kv)->rec + 77));
+        st = attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_E_IO && strstr(err.msg, "checksum") && strstr(err.msg, "layer 1") &&
                      strstr(err.msg, "page 3") && strstr(err.msg, "position 50") &&
                      strstr(err.msg, seg),
                  "corrupted page: %d %s", st, err.msg);
         printf("corrupted page: %s\n", err.msg);
         /* the other layer is unaffected */
-        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        st = attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_OK, "layer 0 after corrupting layer 1: %s", err.msg);
         /* a failing read (EIO on the next read) */
-        tr_io_pool_set_faults(kv->io, kv->pool_reads + 1, 0);
-        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        tr_io_pool_set_faults(KVS(kv)->io, KVS(kv)->pool_reads + 1, 0);
+        st = attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_E_IO && strstr(err.msg, "Input/output error"), "read fault: %d %s", st,
                  err.msg);
         printf("read fault: %s\n", err.msg);
         /* the same with the reads in flight as chunks attended as they arrive (tr_kv.pipe): the
          * failing chunk is named, the others are waited for, and the cache works afterwards */
-        kv->pipe_min = 1;
-        st = tr_kv_attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        tr_kv_pooled_of(kv)->pipe_min = 1;
+        st = attend_rows(kv, g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_E_IO && strstr(err.msg, "checksum") && strstr(err.msg, "position 50"),
                  "corrupted page, pipelined: %d %s", st, err.msg);
-        tr_io_pool_set_faults(kv->io, kv->pool_reads + 3, 0);
-        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        tr_io_pool_set_faults(KVS(kv)->io, KVS(kv)->pool_reads + 3, 0);
+        st = attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_E_IO && strstr(err.msg, "Input/output error"),
                  "read fault, pipelined: %d %s", st, err.msg);
-        st = tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
+        st = attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err);
         TU_CHECK(st == TR_OK, "layer 0 after a failed pipelined read: %s", err.msg);
         /* the cold files are removed at free */
         char dir[400];
@@ -1345,8 +1345,8 @@ static void test_faults(void) {
         char dir[400], seg0[400], seg1[400];
         snprintf(dir, sizeof dir, "%s", tr_kv_cold_path(kv));
         fill(kv, &d, 0, 64);
-        tr_kv_seg_path(kv, 0, seg0, sizeof seg0);
-        tr_kv_seg_path(kv, 1, seg1, sizeof seg1);
+        tr_kv_seg_path(KVS(kv), 0, seg0, sizeof seg0);
+        tr_kv_seg_path(KVS(kv), 1, seg1, sizeof seg1);
         tr_kv_free(kv);
         TU_CHECK(access(seg0, F_OK) == 0 && access(seg1, F_OK) == 0, "keep: %s removed", seg0);
         unlink(seg0);
@@ -1367,14 +1367,14 @@ static void test_faults(void) {
  * makes at least 5x fewer ping-pong moves than naive promotion. */
 static bool pools_consistent(const tr_kv *kv) {
     for (int32_t l = 0; l < kv->shape.n_layer; l++) {
-        const tr_kv_layer *L = &kv->layers[l];
+        const tr_kv_slayer *L = &KVS(kv)->layers[l];
         int32_t hot = 0;
         for (int32_t t = 0; t < L->len; t++) {
             if (L->tok[t].where != TR_KV_TOK_HOT) continue;
             hot++;
             if (L->slot_pos[L->tok[t].slot] != t) return false;
         }
-        if (hot + L->n_free != kv->hot_slots) return false;
+        if (hot + L->n_free != KVS(kv)->hot_slots) return false;
         for (int32_t t = 0; t < kv->params.n_sink && t < L->len; t++)
             if (L->tok[t].where != TR_KV_TOK_HOT) return false;
     }
@@ -1402,7 +1402,7 @@ static void test_bkp(void) {
         /* joined reads (read gap) add placement-dependent entries to the gathered list, which
          * moves the chunk boundaries and so the online softmax's rounding: exact comparison of
          * chunked runs needs the list to be the selection itself */
-        if (kv[i] && i >= 3) kv[i]->read_gap = 0;
+        if (kv[i] && i >= 3) tr_kv_pooled_of(kv[i])->read_gap = 0;
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) {
             for (int j = 0; j <= i; j++) tr_kv_free(kv[j]);
             data_free(&d);
@@ -1432,7 +1432,7 @@ static void test_bkp(void) {
             query_make(q, &s, pos, 500 + (uint64_t)((pos * 7) % 5) + 10 * (uint64_t)l, false);
             for (int i = 0; i < NK; i++) {
                 if (tr_kv_append(kv[i], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err) ||
-                    tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i], on,
+                    attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i], on,
                                       &err)) {
                     TU_CHECK(0, "bkp %s step %d: %s", tr_kv_bkp_name(mode[i]), pos, err.msg);
                     goto out;
@@ -1485,28 +1485,28 @@ out:
 static void test_app_rates(void) {
     const shp s = {"GQA", 2, 64, 8, 2, 64, 64};
     tr_kv_params p = params(TR_KV_TIERED, 0.25f);
-    p.app_f_c = 2e6;
-    p.app_f_s = 1e6;
+    p.research.app_f_c = 2e6;
+    p.research.app_f_s = 1e6;
     tr_kv *kv = mk(&s, &p);
     if (!kv) return;
-    TU_CHECK(fabs(tr_kv_app_beta(kv) - 2.0) < 1e-9, "APP rates: beta %g, want 2 (agent half as "
-             "fast: the host takes two tokens for each of the agent's)", tr_kv_app_beta(kv));
+    TU_CHECK(fabs(tr_kv_app_beta(APP(kv)) - 2.0) < 1e-9, "APP rates: beta %g, want 2 (agent half as "
+             "fast: the host takes two tokens for each of the agent's)", tr_kv_app_beta(APP(kv)));
     /* the row rates are measured (and reported) but do not move the balance: the split moves
      * no rows (see tr_kv_app_beta) */
-    tr_kv_app_note_rows(kv, 1000, 1000, 1000, 1000); /* measured link rates: 1 byte/ns */
-    TU_CHECK(fabs(tr_kv_app_beta(kv) - 2.0) < 1e-9 && fabs(kv->app_bc - 1.0) < 1e-9,
+    note_rows(kv, 1000, 1000, 1000, 1000); /* measured link rates: 1 byte/ns */
+    TU_CHECK(fabs(tr_kv_app_beta(APP(kv)) - 2.0) < 1e-9 && fabs(APP(kv)->bc - 1.0) < 1e-9,
              "APP rates with measured links: beta %g (want 2), B_c %g bytes/ns",
-             tr_kv_app_beta(kv), kv->app_bc);
+             tr_kv_app_beta(APP(kv)), APP(kv)->bc);
     tr_kv_free(kv);
-    p.app_b_c = 4e9; /* 4 bytes/ns given: the measurement of the hot-pool copies is ignored */
+    p.research.app_b_c = 4e9; /* 4 bytes/ns given: the measurement of the hot-pool copies is ignored */
     kv = mk(&s, &p);
     if (!kv) return;
-    tr_kv_app_note_rows(kv, 1000, 1000, 1000, 1000);
-    TU_CHECK(fabs(tr_kv_app_beta(kv) - 2.0) < 1e-9 && fabs(kv->app_bc - 4.0) < 1e-9,
-             "APP rates, B_c given: beta %g (want 2), B_c %g bytes/ns", tr_kv_app_beta(kv),
-             kv->app_bc);
+    note_rows(kv, 1000, 1000, 1000, 1000);
+    TU_CHECK(fabs(tr_kv_app_beta(APP(kv)) - 2.0) < 1e-9 && fabs(APP(kv)->bc - 4.0) < 1e-9,
+             "APP rates, B_c given: beta %g (want 2), B_c %g bytes/ns", tr_kv_app_beta(APP(kv)),
+             APP(kv)->bc);
     printf("APP with given rates: beta %.3f from f_c / f_s, the row rates measured or given and "
-           "reported\n", tr_kv_app_beta(kv));
+           "reported\n", tr_kv_app_beta(APP(kv)));
     tr_kv_free(kv);
 }
 
@@ -1537,20 +1537,20 @@ static void test_app_explore(void) {
     for (int32_t pos = N0; pos < N0 + ROWS && !failed; pos++) {
         query_make(q, &s, pos, 500 + (uint64_t)pos, false);
         if (tr_kv_append(kv, 0, pos, dk(&d, 0, pos), dv(&d, 0, pos), &err) ||
-            tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err)) {
+            attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, NULL, 0, o, on, &err)) {
             TU_CHECK(0, "APP explore, row %d: %s", pos, err.msg);
             failed = 1;
             break;
         }
         if (pos == N0) { /* after the probe and the first split: the agent's rate made stale */
-            kv->app_ts = kv->app_tc * 1000.0;
-            beta0 = tr_kv_app_beta(kv);
+            APP(kv)->ts = APP(kv)->tc * 1000.0;
+            beta0 = tr_kv_app_beta(APP(kv));
         } else {
             /* a split the agent gets TR_KV_APP_MIN_PART of (beta_split = host / agent) */
-            explored += kv->app_beta_split < 10.0;
+            explored += APP(kv)->beta_split < 10.0;
         }
     }
-    const double beta1 = tr_kv_app_beta(kv);
+    const double beta1 = tr_kv_app_beta(APP(kv));
     /* the layer's selections count from the first row: the 16th, 32nd and 48th explore */
     TU_CHECK(!failed && explored == ROWS / TR_KV_APP_EXPLORE && beta1 < beta0 / 4,
              "APP explore: %d splits fed the starved agent (want %d), beta %g -> %g", explored,
@@ -1580,7 +1580,7 @@ static void test_pull_keys(void) {
                                                      malloc(sizeof(float) * on)};
     tr_error err = {0};
     if (!kv[0] || !kv[1] || !fill(kv[0], &d, 0, 256) || !fill(kv[1], &d, 0, 256)) goto out;
-    kv[1]->pull_keys = true;
+    set_pull_keys(kv[1], true);
     int32_t pos = 255;
     query_make(q, &s, pos, 7, false);
     uint64_t bytes[2];
@@ -1588,25 +1588,25 @@ static void test_pull_keys(void) {
         tr_kv_stats st;
         tr_kv_get_stats(kv[i], &st);
         const uint64_t b0 = st.bytes_read;
-        TU_CHECK(tr_kv_attend_rows(kv[i], g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o[i], on,
+        TU_CHECK(attend_rows(kv[i], g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o[i], on,
                                    &err) == TR_OK,
                  "pull keys %d: %s", i, err.msg);
         tr_kv_get_stats(kv[i], &st);
         bytes[i] = st.bytes_read - b0;
     }
-    const uint64_t keys = (uint64_t)kv[1]->layers[1].pages_written *
-                          (uint64_t)(kv[1]->page_toff - kv[1]->page_qoff);
+    const uint64_t keys = (uint64_t)KVS(kv[1])->layers[1].pages_written *
+                          (uint64_t)(KVS(kv[1])->page_toff - KVS(kv[1])->page_qoff);
     TU_CHECK(memcmp(o[0], o[1], on * sizeof(float)) == 0, "pull keys: outputs differ");
     TU_CHECK(bytes[1] >= bytes[0] + keys, "pull keys: %llu bytes read vs %llu + key copies %llu",
              (unsigned long long)bytes[1], (unsigned long long)bytes[0],
              (unsigned long long)keys);
     printf("pull keys: same output, %llu bytes read vs %llu (key copies of %d pages: %llu)\n",
            (unsigned long long)bytes[1], (unsigned long long)bytes[0],
-           kv[1]->layers[1].pages_written, (unsigned long long)keys);
+           KVS(kv[1])->layers[1].pages_written, (unsigned long long)keys);
     char fdpath[64];
-    snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", kv[1]->layers[1].fd);
-    flip_byte(fdpath, (off_t)(tr_kv_page_offset(kv[1], 2) + kv[1]->page_qoff + 5));
-    tr_status st = tr_kv_attend_rows(kv[1], g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o[1], on,
+    snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", KVS(kv[1])->layers[1].fd);
+    flip_byte(fdpath, (off_t)(tr_kv_page_offset(KVS(kv[1]), 2) + KVS(kv[1])->page_qoff + 5));
+    tr_status st = attend_rows(kv[1], g_pool, 1, 1, &pos, q, qn, 0.125f, NULL, 0, o[1], on,
                                      &err);
     TU_CHECK(st == TR_E_IO && strstr(err.msg, "key copy") && strstr(err.msg, "page 2") &&
                  strstr(err.msg, "layer 1"),
@@ -1637,7 +1637,7 @@ static double rms_vs_ref(tr_kv *kv, const data *d, const shp *s, int32_t from, i
     for (int32_t pos = from; pos < to; pos++) {
         query_make(q, s, pos, 1000 + (uint64_t)pos, false);
         const int32_t l = pos % s->nl;
-        if (tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 1.0f / sqrtf((float)s->hdk), NULL, 0,
+        if (attend_rows(kv, g_pool, l, 1, &pos, q, qn, 1.0f / sqrtf((float)s->hdk), NULL, 0,
                               o, on, &err)) {
             TU_CHECK(0, "tail %s pos %d: %s", s->name, pos, err.msg);
             break;
@@ -1752,7 +1752,7 @@ static void test_tail(void) {
               *sinks = calloc((size_t)s->nh, sizeof(float));
         int32_t pos = s->nctx - 1;
         const tr_status st =
-            tr_kv_attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, sinks, 0, o, on, &err);
+            attend_rows(kv, g_pool, 0, 1, &pos, q, qn, 0.125f, sinks, 0, o, on, &err);
         TU_CHECK(st == TR_E_ARG && strstr(err.msg, "sinks"), "tail with sinks: %d %s", st, err.msg);
         free(q);
         free(o);
@@ -1785,14 +1785,14 @@ static void test_csd(void) {
         p[i].bkp = first ? TR_KV_BKP_OFF : TR_KV_BKP_ON;
         /* the same split of the tokens on storage between host and agent on both sides (APP
          * chooses it from measured rates, which differ between runs) */
-        p[i].beta = first ? 0.5f : 0.0f;
+        p[i].research.beta = first ? 0.5f : 0.0f;
         if (!first) p[i].ws_bytes = 48 * rec; /* chunked attention: double-buffered rows */
         kv[i] = mk(&s, &p[i]);
-        if (kv[i]) kv[i]->read_gap = 0; /* as the agent reads: the same gathered lists */
-        if (kv[i]) kv[i]->csd_gap = i == 4 ? TR_KV_PAGE : i == 1 ? 0 : kv[i]->csd_gap;
+        if (kv[i]) tr_kv_pooled_of(kv[i])->read_gap = 0; /* as the agent reads: the same gathered lists */
+        if (kv[i] && (i == 4 || i == 1)) set_csd_gap(kv[i], i == 4 ? TR_KV_PAGE : 0);
         /* runs 0/1 read every selection as TR_KV_PIPE chunks attended as they arrive (the
          * agent: one row request, attended in the same chunks) */
-        if (kv[i] && first) kv[i]->pipe_min = 1;
+        if (kv[i] && first) tr_kv_pooled_of(kv[i])->pipe_min = 1;
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
     }
     {
@@ -1808,7 +1808,7 @@ static void test_csd(void) {
                 query_make(q, &s, pos, 900 + (uint64_t)((pos * 3) % 7) + 10 * (uint64_t)l, false);
                 for (int i = 0; i < NK; i++) {
                     if (tr_kv_append(kv[i], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err) ||
-                        tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i],
+                        attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i],
                                           on, &err)) {
                         TU_CHECK(0, "csd run %d, step %d: %s", i, pos, err.msg);
                         failed = 1;
@@ -1816,9 +1816,9 @@ static void test_csd(void) {
                     }
                     int32_t *ref = i < 2 || i == 4 ? sel0 : sel2;
                     const size_t nb = sizeof(int32_t) * (size_t)(pos + 1);
-                    if (i == 0 || i == 2) memcpy(ref, kv[i]->sel, nb);
+                    if (i == 0 || i == 2) memcpy(ref, tr_kv_pooled_of(kv[i])->sel, nb);
                     else
-                        seldiff += memcmp(ref, kv[i]->sel, nb) != 0;
+                        seldiff += memcmp(ref, tr_kv_pooled_of(kv[i])->sel, nb) != 0;
                 }
                 if (failed) break;
                 differ += memcmp(o[0], o[1], on * sizeof(float)) != 0;
@@ -1874,7 +1874,7 @@ static void test_csd(void) {
                     for (int i = 0; i < 2 && !tfail; i++)
                         tfail |= tr_kv_append(kv[i], l, pos, dk(&d2, l, pos), dv(&d2, l, pos),
                                               &err) ||
-                                 tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL,
+                                 attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL,
                                                    0, o[i], on, &err);
                     tdiff += !tfail && memcmp(o[0], o[1], on * sizeof(float)) != 0;
                 }
@@ -1886,14 +1886,14 @@ static void test_csd(void) {
         /* APP: a run with beta chosen from the measured rates */
         {
             tr_kv_params pa = p[1];
-            pa.beta = -1.0f;
+            pa.research.beta = -1.0f;
             tr_kv *k = mk(&s, &pa);
             int bad = !k || !fill(k, &d, 0, N0);
             for (int32_t pos = N0; pos < N0 + 24 && !bad; pos++)
                 for (int32_t l = 0; l < s.nl && !bad; l++) {
                     query_make(q, &s, pos, 900 + (uint64_t)pos, false);
                     bad = tr_kv_append(k, l, pos, dk(&d, l, pos), dv(&d, l, pos), &err) ||
-                          tr_kv_attend_rows(k, g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[0], on,
+                          attend_rows(k, g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[0], on,
                                             &err);
                 }
             tr_kv_stats sa;
@@ -1908,11 +1908,11 @@ static void test_csd(void) {
                          fabs(sa.beta_split / (1 + sa.beta_split) - sa.beta / (1 + sa.beta)) <= 0.005,
                      "APP: split %.4g for beta %.4g", k ? sa.beta_split : 0.0, k ? sa.beta : 0.0);
             /* the first split already comes from rates measured at start (not an even guess) */
-            TU_CHECK(k && k->app_probed && k->app_beta_first > 0 && k->app_beta_first != 1.0 &&
-                         isfinite(k->app_beta_first),
-                     "APP at start: probed %d, first beta %.4g", k ? (int)k->app_probed : 0,
-                     k ? k->app_beta_first : 0.0);
-            if (k) printf("APP at start: the first layer's beta %.2f\n", k->app_beta_first);
+            TU_CHECK(k && APP(k)->probed && APP(k)->beta_first > 0 && APP(k)->beta_first != 1.0 &&
+                         isfinite(APP(k)->beta_first),
+                     "APP at start: probed %d, first beta %.4g", k ? (int)APP(k)->probed : 0,
+                     k ? APP(k)->beta_first : 0.0);
+            if (k) printf("APP at start: the first layer's beta %.2f\n", APP(k)->beta_first);
             if (k && !bad)
                 printf("APP: beta %.2f (split %.3f) from host scoring "
                        "%.2f M tokens/s, agent %.2f M tokens/s, hot-pool copies %.2f GB/s, agent "
@@ -1928,7 +1928,7 @@ static void test_csd(void) {
             tr_kv *k = mk(&s, &pf);
             /* selections read in parts (one row request, attended part by part): a bad record
              * fails the part it is in, and the step, with the agent's message */
-            if (k) k->pipe_min = 1;
+            if (k) tr_kv_pooled_of(k)->pipe_min = 1;
             if (!k || !fill(k, &d, 0, N0)) {
                 tr_kv_free(k);
                 break;
@@ -1937,10 +1937,10 @@ static void test_csd(void) {
              * in page 2's key copy (f 1: every scoring reads it) */
             for (int32_t pg = f ? 2 : 1; f < 2 && pg <= (f ? 2 : 10); pg++)
                 for (int32_t t = 0; t < (f ? 1 : TR_KV_PAGE); t++) {
-                    int fd = dup(k->layers[1].fd);
+                    int fd = dup(KVS(k)->layers[1].fd);
                     int fl = fcntl(fd, F_GETFL);
-                    const uint64_t off = tr_kv_page_offset(k, pg) +
-                                         (f ? k->page_qoff + 5 : (uint64_t)t * k->rec + 7);
+                    const uint64_t off = tr_kv_page_offset(KVS(k), pg) +
+                                         (f ? KVS(k)->page_qoff + 5 : (uint64_t)t * KVS(k)->rec + 7);
                     uint8_t blk[4096] __attribute__((aligned(4096)));
                     const uint64_t a0 = off / 4096 * 4096;
                     if (fl & O_DIRECT) fcntl(fd, F_SETFL, fl & ~O_DIRECT);
@@ -1950,7 +1950,7 @@ static void test_csd(void) {
                     }
                     close(fd);
                 }
-            const pid_t pid = tr_kv_csd_pid(k);
+            const pid_t pid = tr_kv_seam_agent_pid(k);
             if (f == 2) kill(pid, SIGKILL);
             const uint64_t t0 = tr_now_ns();
             tr_status fst = TR_OK;
@@ -1959,7 +1959,7 @@ static void test_csd(void) {
                     query_make(q, &s, pos, 77 + (uint64_t)pos, false);
                     fst = tr_kv_append(k, l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
                     if (!fst)
-                        fst = tr_kv_attend_rows(k, g_pool, l, 1, &pos, q, qn, scale, NULL, 0,
+                        fst = attend_rows(k, g_pool, l, 1, &pos, q, qn, scale, NULL, 0,
                                                 o[0], on, &err);
                 }
             const double ms = (double)(tr_now_ns() - t0) / 1e6;
@@ -2003,17 +2003,17 @@ static void test_host_keys(void) {
         /* 0: the full copy; 1: a ring that holds the split (at most 20% of ~470 tokens); 2: a
          * ring too small for an even split */
         p[i].host_keys = i == 0 ? 0 : i == 1 ? H : HS;
-        p[i].beta = i < 2 ? 0.25f : 1.0f;
+        p[i].research.beta = i < 2 ? 0.25f : 1.0f;
         kv[i] = mk(&s, &p[i]);
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
     }
-    TU_CHECK(!kv[0]->hk_wrap && kv[1]->hk_wrap && kv[2]->hk_wrap &&
-                 kv[1]->hk_rows == p[1].n_sink + H + p[1].n_window + 2 * TR_KV_PAGE + 1,
-             "host key copy: rows %d / %d / %d", kv[0]->hk_rows, kv[1]->hk_rows, kv[2]->hk_rows);
+    TU_CHECK(!KEYS(kv[0])->hk_wrap && KEYS(kv[1])->hk_wrap && KEYS(kv[2])->hk_wrap &&
+                 KEYS(kv[1])->hk_rows == p[1].n_sink + H + p[1].n_window + 2 * TR_KV_PAGE + 1,
+             "host key copy: rows %d / %d / %d", KEYS(kv[0])->hk_rows, KEYS(kv[1])->hk_rows, KEYS(kv[2])->hk_rows);
     {
         const uint64_t full = tr_kv_dram_bytes(&sh, &p[0]), ring = tr_kv_dram_bytes(&sh, &p[1]);
         const uint64_t saved = (uint64_t)s.nl * (uint64_t)s.nkv *
-                               (uint64_t)(s.nctx - kv[1]->hk_rows) * kv[1]->qrow;
+                               (uint64_t)(s.nctx - KEYS(kv[1])->hk_rows) * KEYS(kv[1])->qrow;
         TU_CHECK(full - ring == saved, "DRAM plan: full copy %llu, ring %llu, saved %llu",
                  (unsigned long long)full, (unsigned long long)ring, (unsigned long long)saved);
     }
@@ -2030,7 +2030,7 @@ static void test_host_keys(void) {
         query_make(q, &s, POS, SEED, false);                                                       \
         for (int i = 0; i < NK && !failed; i++)                                                    \
             if (tr_kv_append(kv[i], l, POS, dk(D, l, POS), dv(D, l, POS), &err) ||                 \
-                tr_kv_attend_rows(kv[i], g_pool, l, 1, &(POS), q, qn, scale, NULL, 0, o[i], on,    \
+                attend_rows(kv[i], g_pool, l, 1, &(POS), q, qn, scale, NULL, 0, o[i], on,    \
                                   &err)) {                                                         \
                 TU_CHECK(0, "host keys, cache %d, position %d: %s", i, POS, err.msg);              \
                 failed = 1;                                                                        \
@@ -2044,9 +2044,9 @@ static void test_host_keys(void) {
          * the window, on written pages, past the sinks) */
         tr_kv_stats st;
         tr_kv_get_stats(kv[2], &st);
-        const int32_t wr = kv[2]->layers[s.nl - 1].pages_written * TR_KV_PAGE,
+        const int32_t wr = KVS(kv[2])->layers[s.nl - 1].pages_written * TR_KV_PAGE,
                       win = pos - p[2].n_window + 1;
-        const int32_t n_a = (wr < win ? wr : win) - p[2].n_sink, R = kv[2]->hk_ring;
+        const int32_t n_a = (wr < win ? wr : win) - p[2].n_sink, R = KEYS(kv[2])->hk_ring;
         over += !(st.beta_split <= (double)R / (double)(n_a - R) + 1e-9 && st.beta_split < 0.99);
         if (st.beta_split > split2) split2 = st.beta_split;
     }
@@ -2056,13 +2056,13 @@ static void test_host_keys(void) {
                  split2, over);
         printf("host key ring: %d rows of %d positions; identical to the full copy over %d steps; "
                "a %d-row ring cut beta 1 to a split of %.3f\n",
-               kv[1]->hk_rows, s.nctx, (s.nctx - 40 - N0) * s.nl, kv[2]->hk_rows, split2);
+               KEYS(kv[1])->hk_rows, s.nctx, (s.nctx - 40 - N0) * s.nl, KEYS(kv[2])->hk_rows, split2);
     }
     /* truncate further back than the ring holds and go on with other tokens */
     if (!failed) {
-        const int32_t cut = 150, len = kv[1]->layers[0].len;
-        TU_CHECK(len - kv[1]->hk_ring > cut, "truncate test: %d positions, ring %d", len,
-                 kv[1]->hk_ring);
+        const int32_t cut = 150, len = KVS(kv[1])->layers[0].len;
+        TU_CHECK(len - KEYS(kv[1])->hk_ring > cut, "truncate test: %d positions, ring %d", len,
+                 KEYS(kv[1])->hk_ring);
         for (int i = 0; i < NK && !failed; i++)
             if (tr_kv_truncate(kv[i], cut, &err)) {
                 TU_CHECK(0, "truncate %d: %s", i, err.msg);
@@ -2077,7 +2077,7 @@ static void test_host_keys(void) {
     /* more rows in one call than planned: a named error, not keys from the wrong positions */
     if (!failed) {
         enum { NR = 60 };
-        const int32_t base = kv[2]->layers[0].len;
+        const int32_t base = KVS(kv[2])->layers[0].len;
         int32_t pos[NR];
         float *qs = malloc(sizeof(float) * qn * NR), *os = malloc(sizeof(float) * on * NR);
         tr_status st = TR_OK;
@@ -2087,7 +2087,7 @@ static void test_host_keys(void) {
             if (!st) st = tr_kv_append(kv[2], 0, pos[r], dk(&d, 0, pos[r]), dv(&d, 0, pos[r]), &err);
         }
         if (!st)
-            st = tr_kv_attend_rows(kv[2], g_pool, 0, NR, pos, qs, qn, scale, NULL, 0, os, on, &err);
+            st = attend_rows(kv[2], g_pool, 0, NR, pos, qs, qn, scale, NULL, 0, os, on, &err);
         TU_CHECK(st == TR_E_ARG && strstr(err.msg, "more rows in one call than planned"),
                  "rows beyond the ring: status %d, '%s'", (int)st, err.msg);
         free(qs);
@@ -2157,12 +2157,12 @@ static void test_spec(void) {
         tr_kv_params p = cold_params(&s, i == 2);
         p.n_window = TR_KV_PAGE; /* as in use: at least a page (see tr_kv_select_row) */
         p.bkp = TR_KV_BKP_ON;
-        p.beta = 0.5f; /* the same host/agent split everywhere */
+        p.research.beta = 0.5f; /* the same host/agent split everywhere */
         p.spec = i != 3;
         kv[i] = mk(&s, &p);
         if (!kv[i]) goto out;
-        kv[i]->read_gap = 0;
-        kv[i]->pipe_min = 1; /* pipelined reads at every size: the ones started ahead */
+        tr_kv_pooled_of(kv[i])->read_gap = 0;
+        tr_kv_pooled_of(kv[i])->pipe_min = 1; /* pipelined reads at every size: the ones started ahead */
         if (!fill(kv[i], &d, 0, N0)) goto out;
     }
     {
@@ -2181,13 +2181,13 @@ static void test_spec(void) {
                 for (int i = 0; i < NR && !failed; i++) {
                     tr_status st = TR_OK;
                     if ((i == 0 || i == 2) && l + 1 < s.nl) /* ahead: during layer l */
-                        st = tr_kv_spec_query(kv[i], l + 1, 1, &pos, qs + (l + 1) * qn, qn, scale,
+                        st = tr_kv_seam_spec_query(kv[i], l + 1, 1, &pos, qs + (l + 1) * qn, qn, scale,
                                               0, &err);
                     if (!st) st = tr_kv_append(kv[i], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
                     if (!st && i == 1 && l > 0) /* at the layer itself */
-                        st = tr_kv_spec_query(kv[i], l, 1, &pos, qs + l * qn, qn, scale, 0, &err);
+                        st = tr_kv_seam_spec_query(kv[i], l, 1, &pos, qs + l * qn, qn, scale, 0, &err);
                     if (!st)
-                        st = tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q + l * qn, qn, scale,
+                        st = attend_rows(kv[i], g_pool, l, 1, &pos, q + l * qn, qn, scale,
                                                NULL, 0, o[i], on, &err);
                     if (st) {
                         TU_CHECK(0, "spec run %d, step %d, layer %d: %s", i, pos, l, err.msg);
@@ -2227,34 +2227,34 @@ static void test_spec(void) {
         int32_t pos = s.nctx - 8;
         tr_status ts = tr_kv_truncate(kv[2], pos, &err);
         for (int32_t l = 0; l < 1 && !ts; l++) {
-            ts = tr_kv_spec_query(kv[2], 1, 1, &pos, qs + qn, qn, scale, 0, &err);
+            ts = tr_kv_seam_spec_query(kv[2], 1, 1, &pos, qs + qn, qn, scale, 0, &err);
             if (!ts) ts = tr_kv_append(kv[2], 0, pos, dk(&d, 0, pos), dv(&d, 0, pos), &err);
             if (!ts)
-                ts = tr_kv_attend_rows(kv[2], g_pool, 0, 1, &pos, q, qn, scale, NULL, 0, o[2],
+                ts = attend_rows(kv[2], g_pool, 0, 1, &pos, q, qn, scale, NULL, 0, o[2],
                                        on, &err);
         }
         if (!ts) ts = tr_kv_truncate(kv[2], pos, &err); /* layer 1's selection was made ahead */
         for (int32_t l = 0; l < s.nl && !ts; l++) {
             ts = tr_kv_append(kv[2], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
             if (!ts)
-                ts = tr_kv_attend_rows(kv[2], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[2],
+                ts = attend_rows(kv[2], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[2],
                                        on, &err);
         }
         TU_CHECK(!ts, "spec: truncate with a selection made ahead: %s", err.msg);
         /* rows computed together (a prefill), as the forward pass gives them: layer l + 1's
          * queries before layer l attends; each layer's rows select with its own */
-        const uint64_t rows0 = kv[0]->spec_rows;
+        const uint64_t rows0 = stats_of(kv[0]).spec_rows;
         pos = s.nctx - 8;
         ts = tr_kv_truncate(kv[0], pos, &err);
         const int32_t prow[2] = {pos, pos + 1};
         for (int32_t l = 0; l < s.nl && !ts; l++) {
             if (l + 1 < s.nl)
-                ts = tr_kv_spec_query(kv[0], l + 1, 2, prow, qs + (l + 1) * qn, 0, scale, 0, &err);
+                ts = tr_kv_seam_spec_query(kv[0], l + 1, 2, prow, qs + (l + 1) * qn, 0, scale, 0, &err);
             for (int r = 0; r < 2 && !ts; r++)
                 ts = tr_kv_append(kv[0], l, prow[r], dk(&d, l, prow[r]), dv(&d, l, prow[r]), &err);
             float o2[2 * 8 * 64];
             if (!ts)
-                ts = tr_kv_attend_rows(kv[0], g_pool, l, 2, prow, q + l * qn, 0, scale, NULL, 0,
+                ts = attend_rows(kv[0], g_pool, l, 2, prow, q + l * qn, 0, scale, NULL, 0,
                                        o2, on, &err);
         }
         /* the agent killed while the rows of layer 1, requested ahead during layer 0, are
@@ -2262,19 +2262,20 @@ static void test_spec(void) {
          * waits for the request made ahead) */
         {
             pos = s.nctx - 7; /* the next position: the runs above stored up to s.nctx - 8 */
+            const uint64_t early0 = stats_of(kv[2]).spec_early;
             tr_status fs = tr_kv_truncate(kv[2], pos, &err);
-            if (!fs) fs = tr_kv_spec_query(kv[2], 1, 1, &pos, qs + qn, qn, scale, 0, &err);
+            if (!fs) fs = tr_kv_seam_spec_query(kv[2], 1, 1, &pos, qs + qn, qn, scale, 0, &err);
             if (!fs) fs = tr_kv_append(kv[2], 0, pos, dk(&d, 0, pos), dv(&d, 0, pos), &err);
             if (!fs)
-                fs = tr_kv_attend_rows(kv[2], g_pool, 0, 1, &pos, q, qn, scale, NULL, 0, o[2], on,
+                fs = attend_rows(kv[2], g_pool, 0, 1, &pos, q, qn, scale, NULL, 0, o[2], on,
                                        &err);
-            const bool ahead = kv[2]->pre.layer == 1 && kv[2]->pre.started;
-            kill(tr_kv_csd_pid(kv[2]), SIGKILL);
+            const bool ahead = stats_of(kv[2]).spec_early == early0 + 1;
+            kill(tr_kv_seam_agent_pid(kv[2]), SIGKILL);
             const uint64_t t0 = tr_now_ns();
             for (int32_t l = 1; l < s.nl && !fs; l++) {
                 fs = tr_kv_append(kv[2], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err);
                 if (!fs)
-                    fs = tr_kv_attend_rows(kv[2], g_pool, l, 1, &pos, q + l * qn, qn, scale, NULL,
+                    fs = attend_rows(kv[2], g_pool, l, 1, &pos, q + l * qn, qn, scale, NULL,
                                            0, o[2], on, &err);
             }
             const double ms = (double)(tr_now_ns() - t0) / 1e6;
@@ -2284,9 +2285,9 @@ static void test_spec(void) {
             printf("spec: agent killed with the next layer's rows requested ahead: %s (%.0f ms)\n",
                    err.msg, ms);
         }
-        TU_CHECK(!ts && kv[0]->spec_rows - rows0 == (uint64_t)(2 * (s.nl - 1)),
+        TU_CHECK(!ts && stats_of(kv[0]).spec_rows - rows0 == (uint64_t)(2 * (s.nl - 1)),
                  "spec, 2 rows at once: %llu rows selected with their speculative query, want %d "
-                 "(%s)", (unsigned long long)(kv[0]->spec_rows - rows0), 2 * (s.nl - 1),
+                 "(%s)", (unsigned long long)(stats_of(kv[0]).spec_rows - rows0), 2 * (s.nl - 1),
                  ts ? err.msg : "ok");
         for (int i = 0; i < NR; i++) free(o[i]);
         free(q);
@@ -2296,7 +2297,7 @@ static void test_spec(void) {
         tr_error err = {0};
         int32_t pos = 0;
         float qq[8] = {0};
-        TU_CHECK(tr_kv_spec_query(kv[3], 1, 1, &pos, qq, 0, 1.0f, 0, &err) == TR_E_ARG &&
+        TU_CHECK(tr_kv_seam_spec_query(kv[3], 1, 1, &pos, qq, 0, 1.0f, 0, &err) == TR_E_ARG &&
                      strstr(err.msg, "--kv-spec"),
                  "a speculative query without --kv-spec: %s", err.msg);
         tr_kv_params p = params(TR_KV_TIERED, 0.15f);
@@ -2325,7 +2326,7 @@ static tr_status decode_step(tr_kv *kv, const data *d, const shp *s, int32_t pos
         query_make(q, s, pos, 91 + (uint64_t)l, false);
         st = tr_kv_append(kv, l, pos, dk(d, l, pos), dv(d, l, pos), err);
         if (!st)
-            st = tr_kv_attend_rows(kv, g_pool, l, 1, &pos, q, qn, 1.0f / sqrtf((float)s->hdk), NULL,
+            st = attend_rows(kv, g_pool, l, 1, &pos, q, qn, 1.0f / sqrtf((float)s->hdk), NULL,
                                    0, o, on, err);
     }
     return st;
@@ -2364,13 +2365,13 @@ static void test_csd_listen(void) {
         p.csd = i > 0;
         p.csd_socket = i > 0 ? sock : NULL;
         p.csd_chunk = 64;
-        p.beta = 0.5f; /* the same split on every side */
+        p.research.beta = 0.5f; /* the same split on every side */
         kv[i] = mk(&s, &p);
-        if (kv[i]) kv[i]->read_gap = 0;
+        if (kv[i]) tr_kv_pooled_of(kv[i])->read_gap = 0;
         if (!kv[i] || !fill(kv[i], &d, 0, N0)) goto out;
     }
     {
-        const pid_t a1 = tr_kv_csd_pid(kv[1]), a2 = tr_kv_csd_pid(kv[2]);
+        const pid_t a1 = tr_kv_seam_agent_pid(kv[1]), a2 = tr_kv_seam_agent_pid(kv[2]);
         TU_CHECK(a1 > 0 && a2 > 0 && a1 != a2 && a1 != lpid && a2 != lpid,
                  "listener %d serves the sessions in their own processes: %d, %d", (int)lpid,
                  (int)a1, (int)a2);
@@ -2384,7 +2385,7 @@ static void test_csd_listen(void) {
                 query_make(q, &s, pos, 500 + (uint64_t)pos + 7 * (uint64_t)l, false);
                 for (int i = 0; i < NK && !failed; i++)
                     if (tr_kv_append(kv[i], l, pos, dk(&d, l, pos), dv(&d, l, pos), &err) ||
-                        tr_kv_attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i],
+                        attend_rows(kv[i], g_pool, l, 1, &pos, q, qn, scale, NULL, 0, o[i],
                                           on, &err)) {
                         TU_CHECK(0, "listen run %d, step %d: %s", i, pos, err.msg);
                         failed = 1;

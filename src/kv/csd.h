@@ -1,7 +1,7 @@
 /*
  * The storage agent (terrace-storaged): HillInfer's "computational storage" for the cold pool,
  * as a separate process next to the storage. This header is the contract between the runtime
- * (src/kv/csd_host.c) and the agent (src/agent/storaged.c): one shared-memory region, created by
+ * (src/kv/kv_csd.c) and the agent (src/agent/storaged.c): one shared-memory region, created by
  * the runtime (memfd), holding a control block, the request ring, the data areas and the
  * compute working set itself, so rows the agent reads land where the attention reads them.
  *
