@@ -151,6 +151,8 @@ cross-aarch64:
 bench-kernels: deps all $(BUILD)/bench/bench_kernels
 	@$(BUILD)/bench/bench_kernels $(BENCH_ARGS)
 
+# benchmarks see the public header and the test seam only (include/terrace_seam.h)
+$(BUILD)/bench/%: INC = -Iinclude
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -O3 -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
