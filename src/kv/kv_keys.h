@@ -15,7 +15,7 @@
  *
  * Aggregation into one score per token (tr_kv_agg): PSUM, the default, is the attention mass a
  * token carries summed over heads (each head's softmax over the visible keys, the sinks and the
- * window included); test_kv measures it best on synthetic keys and on SmolLM2 at 4K, alpha 0.1 its
+ * window included); test_kv_select measures it best on synthetic keys and on SmolLM2 at 4K, alpha 0.1 its
  * perplexity is +1.3% over full against +4.2% for MAX and +3.0% for SUM. PSUM keeps two groups'
  * softmax statistics apart (group A: what the storage agent scores when there is one) and merges
  * them (score.h), so that the host alone and the host with the agent score bit for bit alike.
