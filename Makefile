@@ -153,8 +153,9 @@ cross-aarch64:
 bench-kernels: deps all $(BUILD)/bench/bench_kernels
 	@$(BUILD)/bench/bench_kernels $(BENCH_ARGS)
 
-# benchmarks see the public header and the test seam only (include/terrace_seam.h)
-$(BUILD)/bench/%: INC = -Iinclude
+# benchmarks see the public header and the test seam only (include/terrace_seam.h); private: the
+# library objects it depends on keep their own include path
+$(BUILD)/bench/%: private INC = -Iinclude
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -O3 -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
