@@ -72,6 +72,8 @@ int cmd_logits(int argc, char **argv) {
     unsigned long long expert_cache = 0;
     const char *expert_policy = NULL;
     tr_session_params sp = tr_session_default_params();
+    /* every position's logits as decoding would compute them there (its own selection) */
+    sp.kv.prefill_select = true;
     tr_error perr = {0};
     int c;
     optind = 1;
