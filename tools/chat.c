@@ -615,7 +615,6 @@ static bool setup(chat *c) {
         cli_error("%s", err.msg);
         return false;
     }
-    print_kv_note(c->s, o->verbose);
     c->tm.sess = c->s;
     c->n_ctx = tr_session_n_ctx(c->s);
     if (c->o->sampling.repeat_last_n < 0) c->o->sampling.repeat_last_n = c->n_ctx;

@@ -52,17 +52,6 @@ int cmd_run(int argc, char **argv) {
     tr_error err = {0};
     char *chat_text = NULL;
     if (!load_model(&o, &ld)) goto out;
-    if (o.dry_run) {
-        tr_session_params dp = session_params(&o);
-        tr_mem_plan pl;
-        if (tr_session_plan(ld.model, &dp, &pl, &err)) {
-            cli_error("%s", err.msg);
-            goto out;
-        }
-        print_plan(stdout, &pl, "terrace: ");
-        rc = 0;
-        goto out;
-    }
     if (!telem_open(&tm, o.telemetry, ld.model)) goto out;
     g.tm = &tm;
     bool add_bos = true;
@@ -98,7 +87,6 @@ int cmd_run(int argc, char **argv) {
         cli_error("%s", err.msg);
         goto out;
     }
-    print_kv_note(s, o.verbose);
     tm.sess = s;
     /* Ctrl-C stops the generation (also in the middle of a long prefill); the text so far and
      * the summary are still printed */
