@@ -379,6 +379,11 @@ typedef struct tr_kv_params {
                              online CPUs (a session passes its model's pool size) */
     int32_t io_threads;   /* parallel cold-pool reads; 0: 64 */
     int32_t max_rows;     /* rows appended before they attend (a session passes its batch); 512 */
+    /* the selecting policies (quest, tiered below alpha 1) select for every row of a call of
+     * several rows too, each a decode step at its position (teacher-forced logits and perplexity
+     * measure what decoding sees); false: such a call (a prefill chunk) attends exactly, every
+     * visible key, reading each cold page at most once per layer. h2o always selects */
+    bool prefill_select;
     tr_kv_research research;
 } tr_kv_params;
 
@@ -424,6 +429,10 @@ typedef struct tr_kv_stats {
      * previous layer, the summed cosine between speculative and real queries */
     uint64_t spec_rows, spec_early;
     double spec_cos_sum;
+    /* calls of several rows that attended exactly (prefill chunks), counted at layer 0; bytes
+     * they read from storage; the sum over them of the cold pool's bytes at the call (each call
+     * reads each cold page at most once, so prefill_bytes_read <= prefill_read_bound) */
+    uint64_t prefill_chunks, prefill_bytes_read, prefill_read_bound;
 } tr_kv_stats;
 
 typedef enum tr_kv_stats_style {
@@ -453,6 +462,8 @@ TR_API void tr_session_free(tr_session *s);
 TR_API uint64_t tr_session_bytes(const tr_session *s);
 TR_API int32_t tr_session_n_ctx(const tr_session *s);
 TR_API int32_t tr_session_n_past(const tr_session *s);
+/* rows computed together (the batch): a prefill's chunk */
+TR_API int32_t tr_session_n_batch(const tr_session *s);
 /* drop every token from position `n` on (0 clears the session) */
 TR_API tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err);
 

@@ -168,6 +168,9 @@ static inline tr_kv_params params(tr_kv_policy pol, float alpha) {
     p.n_sink = 2;
     p.n_window = 8;
     p.io_threads = 4;
+    /* the tests drive a call of several rows as that many decode steps (each its own selection);
+     * the exact prefill of such calls is tested on its own (test_kv_tiered: prefill) */
+    p.prefill_select = true;
     return p;
 }
 

@@ -17,7 +17,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_KVPRESEL, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
     F_REASONING,
 };
 
@@ -77,6 +77,7 @@ static const flag k_flags[] = {
     {"--kv-keep", F_KVKEEP, false, "        KV: keep the cold pool's files"},
     {"--kv-bkp", F_KVBKP, true, "MODE      KV tiered: placement between the pools: off (default), on, naive"},
     {"--kv-spec", F_KVSPEC, false, "       KV tiered: select each layer's tokens with a query speculated from the previous layer's input, overlapping its scoring and reads with that layer's"},
+    {"--kv-prefill-select", F_KVPRESEL, false, "KV quest/tiered: select per row in prefill too, as in decode (default: prefill attends exactly, each cold page read once per chunk; perplexity always selects)"},
     {"--csd", F_CSD, false, "            KV tiered: score the cold pool in the storage agent (terrace-storaged)"},
     {"--csd-socket", F_CSDSOCKET, true, "PATH KV tiered: use the agent listening on PATH (terrace-storaged --listen PATH) instead of starting one; implies --csd"},
     {"--csd-chunk", F_CSDCHUNK, true, "N     storage agent: tokens per score block (default 1024)"},
@@ -307,6 +308,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_KVKEEP: o->kv.keep = true; break;
         case F_CSD: o->kv.csd = true; break;
         case F_KVSPEC: o->kv.spec = true; break;
+        case F_KVPRESEL: o->kv.prefill_select = true; break;
         case F_CSDSOCKET:
             o->kv.csd = true;
             o->kv.csd_socket = v;

@@ -80,7 +80,8 @@ static void prefill_progress(const gen_state *g, int32_t done, int32_t total) {
 
 bool gen_prefill(gen_state *g, tr_session *s, const int32_t *toks, size_t n, float *logits) {
     tr_error err = {0};
-    const int32_t chunk = 256;
+    /* one batch per call: a chunk is what the KV cache reads its cold pool once for */
+    const int32_t chunk = tr_session_n_batch(s);
     const double t0 = now_ms();
     for (size_t done = 0; done < n;) {
         const int32_t k = n - done < (size_t)chunk ? (int32_t)(n - done) : chunk;

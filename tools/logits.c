@@ -114,6 +114,8 @@ int cmd_logits(int argc, char **argv) {
     int rc = CLI_EXIT_ERROR;
     if (tr_model_load(model, &mp, &m, &err)) goto out;
     tr_session_params sp = session_params(&o);
+    /* every position's logits as decoding would compute them there (its own selection) */
+    sp.kv.prefill_select = true;
     sp.n_ctx = o.n_ctx ? o.n_ctx : n + (greedy > 0 ? (int32_t)greedy : 0);
     sp.n_batch = o.n_batch ? o.n_batch : 512;
     if (tr_session_create(m, &sp, &s, &err)) goto out;

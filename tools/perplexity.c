@@ -79,6 +79,8 @@ int cmd_perplexity(int argc, char **argv) {
         goto out;
     }
     tr_session_params sp = session_params(&o);
+    /* teacher-forced: every position is scored with the selection decoding would make there */
+    sp.kv.prefill_select = true;
     sp.n_ctx = n_ctx;
     sp.n_batch = o.n_batch > 0 ? (o.n_batch < n_ctx ? o.n_batch : n_ctx) : (n_ctx < 512 ? n_ctx : 512);
     if (tr_session_create(ld.model, &sp, &s, &err)) {

@@ -226,6 +226,7 @@ uint64_t tr_session_bytes(const tr_session *s) {
 }
 int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
 int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
+int32_t tr_session_n_batch(const tr_session *s) { return s->n_batch; }
 
 void tr_session_set_abort(tr_session *s, tr_abort_fn fn, void *user) {
     s->abort_fn = fn;
