@@ -22,10 +22,14 @@ CLI_LIBS := -lcjson
 
 LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c src/tensor/x86/hash_avx2.c
+ARM_SRC := src/tensor/arm/kernels_neon.c src/tensor/arm/kernels_dotprod.c src/tensor/arm/kernels_i8mm.c
 CLI_SRC := $(wildcard tools/*.c)
 
 ifeq ($(ARCH),x86_64)
 LIB_SRC += $(X86_SRC)
+endif
+ifeq ($(ARCH),aarch64)
+LIB_SRC += $(ARM_SRC)
 endif
 
 # per-file ISA flags: only these files may contain instructions beyond the baseline
@@ -33,6 +37,9 @@ FLAGS_src/tensor/x86/kernels_avx2.c   := -mavx2 -mfma -mf16c
 FLAGS_src/tensor/x86/hash_avx2.c      := -mavx2
 FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl \
                                          -mavx512dq -mavx512vnni
+# (the neon family is the AArch64 baseline)
+FLAGS_src/tensor/arm/kernels_dotprod.c := -march=armv8.2-a+dotprod
+FLAGS_src/tensor/arm/kernels_i8mm.c    := -march=armv8.2-a+dotprod+i8mm
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -118,7 +125,9 @@ bench-replay: all
 cross-aarch64:
 	@if command -v aarch64-linux-gnu-gcc >/dev/null; then \
 	    for f in $(wildcard src/*/*.c src/*/*/*.c tools/*.c); do \
-	        aarch64-linux-gnu-gcc $(CFLAGS_BASE) -O2 -Werror -c $$f -o /dev/null || exit 1; \
+	        case $$f in src/tensor/arm/kernels_dotprod.c) fl="$(FLAGS_src/tensor/arm/kernels_dotprod.c)";; \
+	            src/tensor/arm/kernels_i8mm.c) fl="$(FLAGS_src/tensor/arm/kernels_i8mm.c)";; *) fl="";; esac; \
+	        aarch64-linux-gnu-gcc $(CFLAGS_BASE) $$fl -O2 -Werror -c $$f -o /dev/null || exit 1; \
 	    done; echo "cross-aarch64: every source file compiles for aarch64"; \
 	else echo "cross-aarch64: SKIPPED (aarch64-linux-gnu-gcc not installed)"; fi
 
