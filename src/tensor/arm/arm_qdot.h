@@ -11,9 +11,11 @@
  *
  * Two weight rows against pairs of activation rows (vec_dot_2r, with i8mm): SMMLA multiplies a
  * 2x8 byte matrix by an 8x2 one, so 8 bytes of each of the two weight rows (interleaved by a
- * 64-bit zip) meet 8 bytes of two activation rows in one instruction, giving the 2x2 block of
- * partial sums [w0·a0, w0·a1, w1·a0, w1·a1]: twice the multiply-adds of an SDOT, which is what
- * the matrix-matrix (prefill) path can use and a matrix-vector product cannot.
+ * 64-bit zip, once per block for all activation pairs) meet 8 bytes of two activation rows (put
+ * side by side by two 64-bit loads) in one instruction, giving the 2x2 block of partial sums
+ * [w0·a0, w0·a1, w1·a0, w1·a1]: 32 multiply-adds where an SDOT does 16. Per 16-element group and
+ * 2x2 tile that is 2 SMMLA (+ the weight zips shared by the activation pairs) against 4 SDOT; the
+ * matrix-matrix (prefill) path can use it, a matrix-vector product (one activation row) cannot.
  */
 #ifndef TR_TENSOR_ARM_QDOT_H
 #define TR_TENSOR_ARM_QDOT_H
@@ -179,12 +181,15 @@ TR_ALWAYS_INLINE int8x16_t zip_hi64(int8x16_t a, int8x16_t b) {
     return vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b)));
 }
 
-/* acc + the 2x2 partial sums of one 16-element group: weight codes u (row 0), v (row 1) against
- * activation codes x (column 0), y (column 1) */
-TR_ALWAYS_INLINE int32x4_t mm16(int32x4_t acc, int8x16_t u, int8x16_t v, int8x16_t x,
-                                int8x16_t y) {
-    acc = vmmlaq_s32(acc, zip_lo64(u, v), zip_lo64(x, y));
-    return vmmlaq_s32(acc, zip_hi64(u, v), zip_hi64(x, y));
+/* acc + the 2x2 partial sums of one 16-element group: wl / wh the two weight rows' codes
+ * interleaved by 8 (zip_lo64 / zip_hi64 of their groups), against the activation codes at x
+ * (column 0) and y (column 1). The activations are interleaved by their loads (8 bytes of each
+ * row into the two halves of a register), which take the load ports rather than the vector pipes
+ * SMMLA needs. */
+TR_ALWAYS_INLINE int32x4_t mm16(int32x4_t acc, int8x16_t wl, int8x16_t wh, const int8_t *x,
+                                const int8_t *y) {
+    acc = vmmlaq_s32(acc, wl, vcombine_s8(vld1_s8(x), vld1_s8(y)));
+    return vmmlaq_s32(acc, wh, vcombine_s8(vld1_s8(x + 8), vld1_s8(y + 8)));
 }
 
 /* [s0, s0, s1, s1]: a per-row value for the 2x2 lanes */
@@ -200,22 +205,20 @@ TR_ALWAYS_INLINE float32x4_t cols_f32(float c0, float c1) {
     return vcombine_f32(v, v);
 }
 
-/* Part p of the two weight blocks (codes q0, q1) against two activation columns (codes at y0, y1)
- * into the 2x2 lanes of isum */
-TR_ALWAYS_INLINE int32x4_t aq2_part(int k, int p, const int8x16_t *q0, const int8x16_t *q1,
+/* Part p of the two weight blocks (interleaved codes wl, wh per group) against two activation
+ * columns (codes at y0, y1) into the 2x2 lanes of isum */
+TR_ALWAYS_INLINE int32x4_t aq2_part(int k, int p, const int8x16_t *wl, const int8x16_t *wh,
                                     const ak_scales *sc0, const ak_scales *sc1, const int8_t *y0,
                                     const int8_t *y1, int32x4_t isum) {
     const int32x4_t zero = vdupq_n_s32(0);
     if (!ak_super(k)) {
-        isum = mm16(isum, q0[0], q1[0], vld1q_s8(y0), vld1q_s8(y1));
-        return mm16(isum, q0[1], q1[1], vld1q_s8(y0 + 16), vld1q_s8(y1 + 16));
+        isum = mm16(isum, wl[0], wh[0], y0, y1);
+        return mm16(isum, wl[1], wh[1], y0 + 16, y1 + 16);
     }
     const int span = ak_scale_span(k) / 16;
     for (int g = 0; g < 8; g += span) {
-        int32x4_t t = mm16(zero, q0[g], q1[g], vld1q_s8(y0 + 16 * g), vld1q_s8(y1 + 16 * g));
-        if (span == 2)
-            t = mm16(t, q0[g + 1], q1[g + 1], vld1q_s8(y0 + 16 * g + 16),
-                     vld1q_s8(y1 + 16 * g + 16));
+        int32x4_t t = mm16(zero, wl[g], wh[g], y0 + 16 * g, y1 + 16 * g);
+        if (span == 2) t = mm16(t, wl[g + 1], wh[g + 1], y0 + 16 * g + 16, y1 + 16 * g + 16);
         isum = vmlaq_s32(isum, t, rows_s32(sc0->sc[8 * p + g], sc1->sc[8 * p + g]));
     }
     return isum;
@@ -255,12 +258,17 @@ TR_ALWAYS_INLINE void aq2_impl(const int k, int64_t n, const int nc, float *rest
         for (int P = 0; P < np; P++) isum[P] = vdupq_n_s32(0);
 #pragma GCC unroll 2
         for (int p = 0; p < ak_parts(k); p++) {
-            int8x16_t q0[8], q1[8];
+            /* decoded once, interleaved once, for every pair of activation rows */
+            int8x16_t q0[8], q1[8], wl[8], wh[8];
             ak_decode(k, b0, p, q0);
             ak_decode(k, b1, p, q1);
+            for (int g = 0; g < ak_groups(k); g++) {
+                wl[g] = zip_lo64(q0[g], q1[g]);
+                wh[g] = zip_hi64(q0[g], q1[g]);
+            }
 #pragma GCC unroll 2
             for (int P = 0; P < np; P++)
-                isum[P] = aq2_part(k, p, q0, q1, &sc0, &sc1,
+                isum[P] = aq2_part(k, p, wl, wh, &sc0, &sc1,
                                    ak_act_qs(k, a[P][0] + (size_t)b * ab) + 128 * p,
                                    ak_act_qs(k, a[P][1] + (size_t)b * ab) + 128 * p, isum[P]);
         }
