@@ -44,7 +44,7 @@ FLAGS_src/tensor/arm/kernels_i8mm.c    := -march=armv8.2-a+dotprod+i8mm
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
+.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
         format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged
@@ -83,7 +83,7 @@ test: deps
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
 	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache \
 	    build/tsan/tests/test_kv build/tsan/terrace-storaged
-	@$(MAKE) --no-print-directory cross-aarch64
+	@$(MAKE) --no-print-directory aarch64
 	@bash tests/run.sh
 
 demo: deps all
@@ -121,7 +121,16 @@ bench-kv-quality: deps all
 bench-replay: all
 	./build/terrace replay ../shared/testdata/routes/qwen3-30b-a3b.route.csv
 
-# every source file must compile for aarch64 with the generic kernels (no x86 intrinsics leak)
+# the library, CLI, storage agent and every C test cross-built for aarch64 with the Arm kernels;
+# tests/run.sh runs them under qemu-user (tests/run_aarch64.sh)
+AARCH64_CC ?= aarch64-linux-gnu-gcc
+aarch64:
+	@if command -v $(AARCH64_CC) >/dev/null; then \
+	    $(MAKE) --no-print-directory CC=$(AARCH64_CC) BUILD=build/aarch64 WERROR=1 \
+	        build/aarch64/terrace build/aarch64/terrace-storaged $(TEST_BIN:build/%=build/aarch64/%); \
+	else echo "aarch64: SKIPPED ($(AARCH64_CC) not installed)"; fi
+
+# every source file must compile for aarch64 (no x86 intrinsics leak into the generic code)
 cross-aarch64:
 	@if command -v aarch64-linux-gnu-gcc >/dev/null; then \
 	    for f in $(wildcard src/*/*.c src/*/*/*.c tools/*.c); do \

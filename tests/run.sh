@@ -171,6 +171,9 @@ if need_testdata "tokenizer vectors"; then
     done
 fi
 
+# --- the aarch64 build under emulation: Arm kernels at three CPU models, the suite at one ------
+source tests/run_aarch64.sh
+
 echo
 echo "==================== summary ===================="
 printf '%s\n' "${RESULTS[@]}"

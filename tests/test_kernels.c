@@ -676,12 +676,22 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
 
 /* ------------------------------------------------------------------------------------- main */
 
-int main(void) {
+/* usage: test_kernels [FAMILY...] — every family this build and CPU run, or only the named ones
+ * (each must be available; the emulated suite tests each Arm family at one CPU model) */
+int main(int argc, char **argv) {
     tu_rng r = {0x5eed1234u};
     const tr_kernels *ref = tr_kernels_by_name("scalar");
     const char *const *fam_names = k_fam_names;
     const tr_kernels *fams[N_FAMS];
-    for (int f = 0; f < N_FAMS; f++) fams[f] = tr_kernels_by_name(fam_names[f]);
+    for (int f = 0; f < N_FAMS; f++) {
+        fams[f] = tr_kernels_by_name(fam_names[f]);
+        bool named = argc == 1 || f == 0; /* scalar: the reference, also checked by matmul */
+        for (int i = 1; i < argc; i++) named |= strcmp(argv[i], fam_names[f]) == 0;
+        if (!named) fams[f] = NULL;
+    }
+    for (int i = 1; i < argc; i++)
+        TU_CHECK(tr_kernels_by_name(argv[i]) != NULL,
+                 "kernel family %s is not available in this build or on this CPU", argv[i]);
     TU_CHECK(ref != NULL, "no scalar family");
     printf("test_kernels: best family on this CPU: %s\n", tr_kernels_best()->isa);
 
