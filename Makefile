@@ -3,6 +3,7 @@
 #   make test       install what is missing, build, run every test (the CI command)
 #   make demo       install what is missing, build, run the main job on the default model
 #   make bench-kernels   matvec bandwidth table (not part of make test)
+#   make bench-expert    a GimmeMoE-shaped expert FFN with every kernel family
 #   make fuzz       run the GGUF reader fuzzer for FUZZ_SECONDS (default 300)
 #   make fuzz-jinja run the chat-template engine's fuzzer for FUZZ_SECONDS
 
@@ -60,7 +61,7 @@ MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include
 SONAME  := libterrace.so.$(MAJOR)
 
 .PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-kv \
-        bench-kv-quality bench-replay bench-kernels cross-aarch64 aarch64 fuzz fuzz-build fuzz-jinja format
+        bench-kv-quality bench-replay bench-kernels cross-aarch64 aarch64 bench-expert bench-aarch64-emulated fuzz fuzz-build fuzz-jinja format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
@@ -214,6 +215,20 @@ cross-aarch64:
 
 bench-kernels: deps all $(BUILD)/bench/bench_kernels
 	@$(BUILD)/bench/bench_kernels $(BENCH_ARGS)
+
+# a GimmeMoE-shaped expert FFN (2048 -> 768 -> 2048, INT8 = Q8_0 and Q4_K) with every kernel
+# family this CPU runs, one thread (results: bench/results/arm.md)
+bench-expert: deps all $(BUILD)/bench/bench_expert
+	@$(BUILD)/bench/bench_expert $(BENCH_ARGS)
+
+# both benchmarks cross-built for aarch64 and run under qemu-user at -cpu max, small: they show
+# that the Arm builds run; their timings under emulation mean nothing (bench/results/arm.md)
+bench-aarch64-emulated: deps
+	@$(MAKE) --no-print-directory CC=$(AARCH64_CC) BUILD=build/aarch64 \
+	    build/aarch64/bench/bench_kernels build/aarch64/bench/bench_expert
+	QEMU_CPU=max qemu-aarch64-static build/aarch64/bench/bench_kernels --gib 0.05 --reps 1 \
+	    --threads 1 --types Q8_0,Q4_K,Q6_K
+	QEMU_CPU=max qemu-aarch64-static build/aarch64/bench/bench_expert --reps 20
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
 	@mkdir -p $(dir $@)
