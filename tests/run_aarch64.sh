@@ -78,6 +78,11 @@ else
     run "test_moe qwen2moe [aarch64]" arm_test max "$ARM/tests/test_moe" "$TMP/synth-qwen2moe.gguf"
     run "test_expert_cache [aarch64]" arm_test max "$ARM/tests/test_expert_cache"
     run "test_tokenizer (synthetic vocabularies) [aarch64]" arm_test max "$ARM/tests/test_tokenizer"
+    # no kernel of their own, but char is unsigned on AArch64 and long double is 128-bit: the
+    # sampler, the chat formats, the template engine
+    run "test_sample [aarch64]" arm_test max "$ARM/tests/test_sample"
+    run "test_chat [aarch64]" arm_test max "$ARM/tests/test_chat"
+    run "test_jinja [aarch64]" arm_test max "$ARM/tests/test_jinja"
     # the KV cache's tests that reach the Arm kernels: attention (F16 dot, axpy_f16), selection
     # and recall through the INT8/INT4 scoring copies (dot_rows), the tail estimate (axpy_rows),
     # the storage agent's scoring; not the placement, key-ring, speculation and rate-measurement
