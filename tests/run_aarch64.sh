@@ -79,10 +79,20 @@ else
     run "test_expert_cache [aarch64]" arm_test max "$ARM/tests/test_expert_cache"
     run "test_tokenizer (synthetic vocabularies) [aarch64]" arm_test max "$ARM/tests/test_tokenizer"
     # no kernel of their own, but char is unsigned on AArch64 and long double is 128-bit: the
-    # sampler, the chat formats, the template engine
+    # sampler, the chat formats, the template engine, GGUF data access, the public API, the expert
+    # policies
     run "test_sample [aarch64]" arm_test max "$ARM/tests/test_sample"
     run "test_chat [aarch64]" arm_test max "$ARM/tests/test_chat"
     run "test_jinja [aarch64]" arm_test max "$ARM/tests/test_jinja"
+    run "test_gguf (data access) [aarch64]" arm_test max "$ARM/tests/test_gguf" "$TMP/dequant.gguf"
+    run "test_api (public text API) [aarch64]" arm_test max "$ARM/tests/test_api" \
+        "$TMP/synth-qwen3.gguf"
+    if [ -f "$TESTDATA/routes/qwen3-30b-a3b.route.csv" ]; then
+        run "test_policy [aarch64]" arm_test max "$ARM/tests/test_policy" \
+            "$TESTDATA/routes/qwen3-30b-a3b.route.csv"
+    else
+        skip "test_policy [aarch64]" "$TESTDATA not found"
+    fi
     # the KV cache's tests that reach the Arm kernels: attention (F16 dot, axpy_f16), selection
     # and recall through the INT8/INT4 scoring copies (dot_rows), the tail estimate (axpy_rows),
     # the storage agent's scoring; not the placement, key-ring, speculation and rate-measurement
