@@ -252,6 +252,9 @@ if need_testdata "tokenizer vectors"; then
     done
 fi
 
+# --- the aarch64 build under emulation: Arm kernels at three CPU models, the suite at one ------
+source tests/run_aarch64.sh
+
 # --- every C test listed, built and run ---------------------------------------------------------
 check_list() {
     local ok=0 src name b f
