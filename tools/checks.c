@@ -86,56 +86,48 @@ static void policy_list(unsigned mask, char *buf, size_t cap) {
 }
 
 static bool check_kv(const gen_opts *o) {
-    const tr_kv_params *k = &o->kv, d = tr_kv_default_params();
+    const tr_kv_params *k = &o->kv;
     const char *pol = tr_kv_policy_name(k->policy);
     unsigned bit = 0;
     for (size_t i = 0; i < sizeof k_policies / sizeof k_policies[0]; i++)
         if (!strcmp(pol, k_policies[i].name)) bit = k_policies[i].bit;
-    const tr_kv_research *r = &k->research, *rd = &d.research;
-    const bool csd = k->csd, rates = r->app_f_c != rd->app_f_c || r->app_f_s != rd->app_f_s ||
-                                     r->app_b_c != rd->app_b_c || r->app_b_s != rd->app_b_s;
-    /* given: the flag's value differs from the library's default (a flag given its default value
-     * changes nothing, so it is harmless under any policy) */
+    const bool csd = k->csd;
     const struct {
         const char *flag;
-        bool given;
         unsigned policies;
         const char *needs; /* another flag this one works through, or NULL */
         bool needs_given;
     } rows[] = {
-        {"--kv-alpha", k->alpha != d.alpha, KV_SELECT, NULL, true},
-        {"--kv-sink", k->n_sink != d.n_sink, KV_SELECT, NULL, true},
-        {"--kv-window", k->n_window != d.n_window, KV_SELECT, NULL, true},
-        {"--kv-score-bits", k->score_bits != d.score_bits, KV_TIERED, NULL, true},
-        {"--kv-tail", k->tail_bits != d.tail_bits, KV_TIERED, NULL, true},
-        {"--kv-tail-min", k->tail_min != d.tail_min, KV_TIERED, "--kv-tail 4 or 8", k->tail_bits != 0},
-        {"--kv-spec", k->spec, KV_TIERED, NULL, true},
-        {"--kv-hot", k->hot_bytes != d.hot_bytes, KV_POOLS, NULL, true},
-        {"--kv-cold", k->cold_dir != NULL, KV_POOLS, NULL, true},
-        {"--kv-keep", k->keep, KV_POOLS, "--kv-cold DIR", k->cold_dir != NULL},
-        {"--kv-bkp", k->bkp != d.bkp, KV_TIERED, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
-        {"--csd", csd && !k->csd_socket, KV_TIERED, "a cold pool (--kv-cold DIR)",
-         k->cold_dir != NULL},
-        {"--csd-socket", k->csd_socket != NULL, KV_TIERED, "a cold pool (--kv-cold DIR)",
-         k->cold_dir != NULL},
-        {"--csd-chunk", k->csd_chunk != d.csd_chunk, KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-timeout", k->csd_timeout != d.csd_timeout, KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-gbps", r->csd_gbps != rd->csd_gbps, KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-gflops", r->csd_gflops != rd->csd_gflops, KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-link-gbps", r->csd_link_gbps != rd->csd_link_gbps, KV_TIERED,
-         "the storage agent (--csd)", csd},
-        {"--kv-beta", r->beta != rd->beta, KV_TIERED, "the storage agent (--csd)", csd},
-        {"--kv-host-keys", k->host_keys != d.host_keys, KV_TIERED, "the storage agent (--csd)", csd},
-        {"--kv-app-rates", rates, KV_TIERED, "the storage agent (--csd)", csd},
+        {"--kv-alpha", KV_SELECT, NULL, true},
+        {"--kv-sink", KV_SELECT, NULL, true},
+        {"--kv-window", KV_SELECT, NULL, true},
+        {"--kv-score-bits", KV_TIERED, NULL, true},
+        {"--kv-tail", KV_TIERED, NULL, true},
+        {"--kv-tail-min", KV_TIERED, "--kv-tail 4 or 8", k->tail_bits != 0},
+        {"--kv-spec", KV_TIERED, NULL, true},
+        {"--kv-hot", KV_POOLS, NULL, true},
+        {"--kv-cold", KV_POOLS, NULL, true},
+        {"--kv-keep", KV_POOLS, "--kv-cold DIR", k->cold_dir != NULL},
+        {"--kv-bkp", KV_TIERED, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
+        {"--csd", KV_TIERED, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
+        {"--csd-socket", KV_TIERED, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
+        {"--csd-chunk", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--csd-timeout", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--csd-gbps", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--csd-gflops", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--csd-link-gbps", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--kv-beta", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--kv-host-keys", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--kv-app-rates", KV_TIERED, "the storage agent (--csd)", csd},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        if (!rows[i].given) continue;
+        if (!gen_given(o, rows[i].flag)) continue;
         /* an unknown policy name is the library's to report */
         if (bit && !(rows[i].policies & bit)) {
             char uses[96];
             policy_list(rows[i].policies, uses, sizeof uses);
             cli_error("%s applies to --kv-policy %s; the policy is %s%s", rows[i].flag, uses, pol,
-                      k->policy != d.policy ? "" : " (the default: every token in DRAM, exact attention)");
+                      gen_given(o, "--kv-policy") ? "" : " (the default: every token in DRAM, exact attention)");
             return false;
         }
         if (rows[i].needs && !rows[i].needs_given) {

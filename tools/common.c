@@ -19,7 +19,9 @@ enum {
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
     F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_KVPRESEL, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
     F_REASONING,
+    F_COUNT
 };
+_Static_assert(F_COUNT <= 128, "gen_opts.given holds 128 flags");
 
 typedef struct flag {
     const char *names; /* comma-separated spellings */
@@ -107,6 +109,11 @@ static const flag *find_flag(const char *a) {
     return NULL;
 }
 
+bool gen_given(const gen_opts *o, const char *name) {
+    const flag *f = find_flag(name);
+    return f && (o->given[f->id / 64] >> (f->id % 64) & 1);
+}
+
 void gen_print_common_flags(FILE *f) {
     for (size_t i = 0; i < sizeof k_flags / sizeof k_flags[0]; i++)
         fprintf(f, "  %-28s %s\n", k_flags[i].names, k_flags[i].help);
@@ -168,6 +175,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             }
             v = argv[++i];
         }
+        o->given[f->id / 64] |= 1ull << (f->id % 64);
         long n;
         switch (f->id) {
         case F_MODEL: o->model = v; break;
