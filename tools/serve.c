@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "checks.h"
 #include "serve.h"
 
 static void serve_usage(FILE *f) {
@@ -203,7 +204,12 @@ static bool load_planned(server *s) {
     probe.experts_mmap = true;
     probe.no_mmap = false;
     probe.route_trace = NULL;
+    probe.probe_load = true;
     if (!load_model(&probe, &s->ld)) return false;
+    if (!gen_check_model_flags(o, s->ld.model)) {
+        s->ld.usage_error = true;
+        return false;
+    }
     tr_model_stats ms;
     tr_model_get_stats(s->ld.model, &ms);
     mem_plan p = {.budget = o->mem_budget ? o->mem_budget : tr_mem_available(),
@@ -266,7 +272,10 @@ int cmd_serve(int argc, char **argv) {
     s->started = now_ms();
     s->created = (long)time(NULL);
     tr_error err = {0};
-    if (!load_planned(s)) goto out;
+    if (!load_planned(s)) {
+        if (s->ld.usage_error) rc = CLI_EXIT_USAGE;
+        goto out;
+    }
     {
         char *path = strdup(s->cfg.gen.model);
         snprintf(s->model_file, sizeof s->model_file, "%s", path ? basename(path) : "model");

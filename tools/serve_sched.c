@@ -368,7 +368,7 @@ static void *sched_main(void *arg) {
         tr_model_get_stats(s->ld.model, &ms);
         uint64_t hot = 0, cold = 0, tokens = 0;
         for (int i = 0; i < s->n_slots; i++) {
-            tr_session_kv_stats kv;
+            tr_kv_stats kv;
             tr_session_get_kv_stats(s->slots[i].sess, &kv);
             hot += kv.hot_bytes;
             cold += kv.cold_bytes;
