@@ -97,12 +97,19 @@ run "hostile models and faults [$ASAN_BUILD]" $PY tests/py/test_faults.py "$ASAN
     "$(bash scripts/get_model.sh smollm2)"
 
 # --- model: sessions, batching, errors; logit parity with llama.cpp (stored references) --------
-# F32 weights: batching must not change a single bit there (quantized weights would add the
-# activation-rounding noise parity.py describes, which is not what this test is about)
+# batching must not change a single bit: batched, chunked and one-at-a-time rows agree exactly,
+# for F32 weights and for the quantized real models, with either SIMD family
 run "gen synthetic models" $PY tests/py/synth.py qwen3 F32 "$TMP/synth-qwen3.gguf"
 $PY tests/py/synth.py gemma3 F32 "$TMP/synth-gemma3.gguf"
 run "test_model qwen3 [build]" build/tests/test_model "$TMP/synth-qwen3.gguf"
 run "test_model gemma3 (sliding window) [build]" build/tests/test_model "$TMP/synth-gemma3.gguf"
+for isa in avx2 avx512; do
+    grep -q avx512f /proc/cpuinfo || [ $isa = avx2 ] || continue
+    run "test_model SmolLM2 Q4_1, bit-exact batching [$isa]" env TERRACE_ISA=$isa \
+        build/tests/test_model "$(bash scripts/get_model.sh smollm2)"
+    run "test_model Gemma 3 Q4_K_M, bit-exact batching [$isa]" env TERRACE_ISA=$isa \
+        build/tests/test_model "$(bash scripts/get_model.sh gemma3)"
+done
 run "test_model qwen3 [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_model" "$TMP/synth-qwen3.gguf"
 # the expert cache alone: exact bytes, budgets, pins, prefetch, EIO/short reads, a file truncated
 # under it, O_DIRECT and buffered, 4 threads (ASan, TSan)

@@ -13,9 +13,10 @@
 #include "terrace.h"
 #include "testutil.h"
 
-/* Different batch shapes change only float summation order inside the matmuls (and which fused
- * kernel runs), never the math: logits of magnitude ~10 may move by ~1e-4. */
-#define TOL 2e-3f
+/* A row's result must not depend on the rows computed with it: every kernel sums a row in the
+ * same order whatever the batch shape, so batched, chunked and one-at-a-time evaluation agree bit
+ * for bit (a server batching requests gives each the answer it would get alone). */
+#define TOL 0.0f
 
 static float max_diff(const float *a, const float *b, size_t n) {
     float d = 0;
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
                  err.msg);
     float d1 = max_diff(la, lb, (size_t)N * nv), d2 = max_diff(la, lc, (size_t)N * nv);
     printf("  batch 512 vs chunks of 7: max |dlogit| %.2e; vs one token at a time: %.2e\n", d1, d2);
-    TU_CHECK(d1 < TOL && d2 < TOL, "batching changed the logits: %g %g", d1, d2);
+    TU_CHECK(d1 <= TOL && d2 <= TOL, "batching changed the logits: %g %g", d1, d2);
     TU_CHECK(tr_session_n_past(a) == N && tr_session_n_past(c) == N, "n_past");
 
     /* last-token logits equal the last row of all-logits */
@@ -70,7 +71,7 @@ int main(int argc, char **argv) {
     TU_CHECK(tr_session_eval(a, toks + N - 5, 5, last, false, &err) == TR_OK, "%s", err.msg);
     float d3 = max_diff(last, la + (size_t)(N - 1) * nv, (size_t)nv);
     printf("  truncate + re-eval of the last 5 tokens: max |dlogit| %.2e\n", d3);
-    TU_CHECK(d3 < TOL, "truncate/re-eval differs by %g", d3);
+    TU_CHECK(d3 <= TOL, "truncate/re-eval differs by %g", d3);
 
     /* B = 3 sequences decoded together == each alone: prefixes of different lengths */
     tr_session *seq[3];
@@ -95,7 +96,7 @@ int main(int argc, char **argv) {
             for (int k = 0; k <= step; k++) tl[n++] = toks[30 + s + 3 * k];
             tr_session_eval(ref, tl, n, last, false, &err);
             const float d = max_diff(last, lbatch + (size_t)s * nv, (size_t)nv);
-            TU_CHECK(d < TOL, "decode batch step %d seq %d differs by %g", step, s, d);
+            TU_CHECK(d <= TOL, "decode batch step %d seq %d differs by %g", step, s, d);
             tr_session_free(ref);
         }
         if (step + 1 < 3)
@@ -128,7 +129,7 @@ int main(int argc, char **argv) {
             tr_session_eval(ref, mt + off, mn[s], last, false, &err);
             const float d = max_diff(last, lmix + (size_t)w * nv, (size_t)nv);
             exact = exact && d == 0.0f;
-            TU_CHECK(d < TOL, "mixed batch seq %d differs by %g", s, d);
+            TU_CHECK(d <= TOL, "mixed batch seq %d differs by %g", s, d);
             tr_session_free(ref);
             w++;
         }

@@ -133,9 +133,11 @@ TR_ALWAYS_INLINE __m256 e8m0_lo_to_f32(__m256i v) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny));
 }
 
-/* accumulators per column in the 8-block groups: 4 for a single column, whose FMAs would
- * otherwise wait on each other's latency, 2 when several columns already interleave */
-#define Q32_NACC(nc) ((nc) == 1 ? 4 : 2)
+/* accumulators per column in the 8-block groups: 4 independent FMA chains (one column alone would
+ * wait on the FMA latency), the same for every column count, so that a row's result does not
+ * depend on how many rows are computed with it: a server batching requests gives each the answer
+ * it would get alone, and one column keeps the order the parity references were recorded with */
+#define Q32_NACC(nc) 4
 
 TR_ALWAYS_INLINE __m256 q32_acc_sum(__m256 (*acc)[TR_MAX_NC], int j) {
     return _mm256_add_ps(_mm256_add_ps(acc[0][j], acc[1][j]), _mm256_add_ps(acc[2][j], acc[3][j]));
@@ -172,9 +174,7 @@ TR_ALWAYS_INLINE void q32_group8(const int kind, const int nc, const char *w, co
             const int8_t *yq =
                 q32_with_min(kind) ? ((const tr_blk_q8_1 *)y)->qs : ((const tr_blk_q8_0 *)y)->qs;
             const __m256 p = _mm256_cvtepi32_ps(q32_dot(kind, q, uq, yq));
-            /* alternate accumulators: one column alone would wait on the FMA latency */
-            /* independent accumulators (4 for one column, 2 per column for more): a single
-             * chain would wait on the FMA latency */
+            /* independent accumulators: a single chain would wait on the FMA latency */
             __m256 *ak = &acc[k % Q32_NACC(nc)][j];
             *ak = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[j][k]), p, *ak);
         }
