@@ -289,7 +289,10 @@ def main():
         setup_cgroup(cap)
         print(f"bench-serve: MoE {moe} ({size >> 20} MiB) under a {cap >> 20} MiB cap", flush=True)
         t_extra = ["-np", "16", "-c", "256", "-b", "64"]
-        p_extra = ["--n_ctx", "256"]
+        # llama_cpp.server locks the model in memory by default (use_mlock = llama_supports_mlock(),
+        # unlike the Llama class bench_moe.sh uses): under the cap that pins every mapped page and
+        # the cgroup kills it while loading. Off, its weights stay mapped and the kernel pages them.
+        p_extra = ["--n_ctx", "256", "--use_mlock", "False"]
         mt = 16 if quick else 32
         results["moe"] = {
             "model": moe, "size": size, "cap": cap, "max_tokens": mt,
