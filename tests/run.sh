@@ -274,6 +274,8 @@ run "serve: the live page in headless Chromium" \
 if need_testdata "serve with the models' own chat templates"; then
     run "serve: the models' own templates, reasoning_content apart (gpt-oss, qwen3moe, R1) [$ASAN_BUILD]" \
         $PY tests/py/test_serve_templates.py "$ASAN_BUILD/terrace" "$TESTDATA/templates"
+    run "serve: tool calls (openai package, Ollama), tools through the template [$ASAN_BUILD]" \
+        $PY tests/py/test_serve_tools.py "$ASAN_BUILD/terrace" "$TESTDATA/templates"
 fi
 
 # --- the aarch64 build under emulation: Arm kernels at three CPU models, the suite at one ------

@@ -214,6 +214,9 @@ typedef struct api_req {
     char id[40];     /* chatcmpl-..., cmpl-... */
     long created;
     tr_reasoning *rs; /* chat: splits the reply into reasoning and answer; NULL: no split */
+    struct cJSON *tools; /* chat: the request's tools (NULL: none); the reply's calls are parsed */
+    sbuf held;       /* streaming with tools: answer text held back as a possible tool call */
+    size_t emitted;  /* answer bytes already streamed */
     /* streaming state */
     size_t sent;     /* bytes of job text already sent */
     bool role_sent;
@@ -222,6 +225,15 @@ typedef struct api_req {
 /* parses, validates and tokenizes; false with e filled (the caller answers e->status) */
 bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *r, api_error *e);
 void api_req_free(api_req *r);
+
+/* serve_tools.c: the tool calls in a reply's answer text as an OpenAI tool_calls array (Ollama's
+ * shape with ollama), NULL if it holds none; *content: the text around them (malloc'd, NULL for
+ * none). id_base makes the calls' ids. */
+struct cJSON *tools_parse(const char *text, const struct cJSON *tools, const char *id_base,
+                          bool ollama, char **content);
+/* streaming: the offset in the answer so far (n bytes, `emitted` of them already sent) from which
+ * text must be held back because a tool call may start there */
+size_t tools_hold_from(const char *text, size_t n, size_t emitted);
 void api_error_json(const api_error *e, sbuf *out);
 /* a job's figures, copied under mu so that an answer can be written without it */
 typedef struct job_view {

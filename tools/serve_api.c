@@ -244,17 +244,42 @@ static void msgs_free(msg_list *l) {
     l->arr = NULL;
 }
 
-static bool msgs_add(msg_list *l, const char *role, const char *content, const char *reasoning) {
-    if (!l->arr && !(l->arr = cJSON_CreateArray())) return false;
+static cJSON *msgs_add(msg_list *l, const char *role, const char *content, const char *reasoning) {
+    if (!l->arr && !(l->arr = cJSON_CreateArray())) return NULL;
     cJSON *m = cJSON_CreateObject();
-    if (!m) return false;
+    if (!m) return NULL;
     cJSON_AddItemToArray(l->arr, m);
     if (!cJSON_AddStringToObject(m, "role", role) ||
         !cJSON_AddStringToObject(m, "content", content) ||
         (reasoning && !cJSON_AddStringToObject(m, "reasoning_content", reasoning)) ||
         (reasoning && !cJSON_AddStringToObject(m, "thinking", reasoning)))
-        return false;
+        return NULL;
     l->n++;
+    return m;
+}
+
+/* an assistant turn's tool_calls for the template, as Hugging Face's templates read them: each
+ * {"id", "type", "function": {"name", "arguments"}} with the arguments an object (OpenAI sends
+ * them as a JSON string; a string that is not JSON stays a string) */
+static bool copy_tool_calls(const cJSON *calls, cJSON *m, size_t i, api_error *e) {
+    if (!cJSON_IsArray(calls))
+        return BAD(e, "messages", "message %zu: 'tool_calls' must be an array", i);
+    cJSON *dst = cJSON_AddArrayToObject(m, "tool_calls");
+    if (!dst) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *c;
+    cJSON_ArrayForEach(c, calls) {
+        const cJSON *f = field(c, "function");
+        const cJSON *name = f ? field(f, "name") : NULL;
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(f) || !cJSON_IsString(name))
+            return BAD(e, "messages", "message %zu: a tool call needs 'function' with a 'name'", i);
+        cJSON *d = cJSON_Duplicate(c, true);
+        if (!d) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        cJSON_AddItemToArray(dst, d);
+        cJSON *df = cJSON_GetObjectItemCaseSensitive(d, "function");
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(df, "arguments");
+        cJSON *obj = cJSON_IsString(a) ? cJSON_Parse(a->valuestring) : NULL;
+        if (obj) cJSON_ReplaceItemInObjectCaseSensitive(df, "arguments", obj);
+    }
     return true;
 }
 
@@ -286,6 +311,7 @@ static bool parse_messages(const cJSON *msgs, bool ollama, msg_list *l, api_erro
         if (ollama && field(m, "images"))
             return BAD(e, "messages", "images are not supported (this server runs text models)");
         const cJSON *c = field(m, "content");
+        if (cJSON_IsNull(c)) c = NULL; /* an assistant turn of tool calls: content null */
         if (!c && strcmp(known, "assistant"))
             return BAD(e, "messages", "message %zu (%s) has no 'content'", l->n, known);
         if (!opt_str(m, ollama ? "thinking" : "reasoning_content", &reasoning, e)) return false;
@@ -295,10 +321,22 @@ static bool parse_messages(const cJSON *msgs, bool ollama, msg_list *l, api_erro
             return false;
         }
         sb_add(&text, "", 0);
-        const bool ok = !text.oom && msgs_add(l, strcmp(known, "developer") ? known : "system",
-                                              text.p ? text.p : "", reasoning);
+        cJSON *added = text.oom ? NULL
+                                : msgs_add(l, strcmp(known, "developer") ? known : "system",
+                                           text.p ? text.p : "", reasoning);
         sb_free(&text);
-        if (!ok) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if (!added) return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        /* tool calls and tool results, as the templates that support tools read them */
+        const cJSON *calls = field(m, "tool_calls");
+        if (calls && !cJSON_IsNull(calls) && !copy_tool_calls(calls, added, l->n - 1, e))
+            return false;
+        static const char *const extra[] = {"tool_call_id", "name"};
+        for (size_t k = 0; k < 2; k++) {
+            const char *v = NULL;
+            if (!opt_str(m, extra[k], &v, e)) return false;
+            if (v && !cJSON_AddStringToObject(added, extra[k], v))
+                return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
     }
     return true;
 }
@@ -441,6 +479,42 @@ static void new_id(api_req *r, const char *prefix) {
     r->created = (long)time(NULL);
 }
 
+/* the request's tools ([{"type": "function", "function": {"name", "description", "parameters"}}],
+ * OpenAI's and Ollama's shape) become the template's `tools` variable, and the reply's tool calls
+ * are parsed (serve_tools.c); tool_choice "auto" (the default) or "none" (no tools) */
+static bool parse_tools(const cJSON *root, api_req *r, cJSON **ctx, api_error *e) {
+    const cJSON *tools = field(root, "tools"), *choice = field(root, "tool_choice");
+    if (!tools || cJSON_IsNull(tools)) return true;
+    if (!cJSON_IsArray(tools)) return BAD(e, "tools", "'tools' must be an array");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *type = cJSON_IsObject(t) ? field(t, "type") : NULL;
+        const cJSON *f = cJSON_IsObject(t) ? field(t, "function") : NULL;
+        const cJSON *name = cJSON_IsObject(f) ? field(f, "name") : NULL;
+        if (!cJSON_IsString(name) || !*name->valuestring ||
+            (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "function"))))
+            return BAD(e, "tools", "every tool must be {\"type\": \"function\", \"function\": "
+                       "{\"name\": ..., \"parameters\": ...}}");
+    }
+    if (choice && !cJSON_IsNull(choice)) {
+        if (!cJSON_IsString(choice))
+            return BAD(e, "tool_choice", "tool_choice naming a function is not supported (the "
+                       "model's output is not constrained): use \"auto\" or \"none\"");
+        if (!strcmp(choice->valuestring, "none")) return true;
+        if (strcmp(choice->valuestring, "auto"))
+            return BAD(e, "tool_choice", "tool_choice '%.32s' is not supported (the model's output "
+                       "is not constrained): use \"auto\" or \"none\"", choice->valuestring);
+    }
+    const cJSON *par = field(root, "parallel_tool_calls");
+    if (par && !cJSON_IsBool(par) && !cJSON_IsNull(par))
+        return BAD(e, "parallel_tool_calls", "'parallel_tool_calls' must be true or false");
+    if (cJSON_GetArraySize(tools) == 0) return true;
+    if ((!*ctx && !(*ctx = cJSON_CreateObject())) || !(r->tools = cJSON_Duplicate(tools, true)) ||
+        !cJSON_AddItemToObject(*ctx, "tools", cJSON_Duplicate(tools, true)))
+        return fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return true;
+}
+
 bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *r, api_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -499,7 +573,8 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
         }
         if (opts && !parse_sampling(s, opts, &nm, j, &max_given, e)) goto out;
         if (!unsupported(root, "format", "structured output is not supported", e) ||
-            !unsupported(root, "tools", "tool calling is not supported", e) ||
+            (kind != API_OLLAMA_CHAT &&
+             !unsupported(root, "tools", "tools apply to /api/chat", e)) ||
             !unsupported(root, "images", "images are not supported (text models)", e) ||
             !unsupported(root, "suffix", "fill-in-the-middle is not supported", e))
             goto out;
@@ -514,6 +589,7 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
             fail(e, 500, "server_error", NULL, NULL, "out of memory");
             goto out;
         }
+        if (kind == API_OLLAMA_CHAT && !parse_tools(root, r, &ctx, e)) goto out;
         if (ctx && !(ctx_json = cJSON_PrintUnformatted(ctx))) {
             fail(e, 500, "server_error", NULL, NULL, "out of memory");
             goto out;
@@ -562,8 +638,10 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
         if (!unsupported(root, "logprobs", "log probabilities are not supported", e) ||
             !unsupported(root, "top_logprobs", "log probabilities are not supported", e) ||
             !unsupported(root, "logit_bias", "logit_bias is not supported", e) ||
-            !unsupported(root, "tools", "tool calling is not supported", e) ||
-            !unsupported(root, "functions", "function calling is not supported", e) ||
+            (kind != API_CHAT &&
+             !unsupported(root, "tools", "tools apply to /v1/chat/completions", e)) ||
+            !unsupported(root, "functions", "the legacy 'functions' are not supported: use "
+                         "'tools'", e) ||
             !unsupported(root, "suffix", "fill-in-the-middle is not supported", e))
             goto out;
         const cJSON *rf = field(root, "response_format");
@@ -592,11 +670,15 @@ bool api_parse(server *s, api_kind kind, const char *body, size_t len, api_req *
             if (kw || effort) {
                 if (!(ctx = kw ? cJSON_Duplicate(kw, true) : cJSON_CreateObject()) ||
                     (effort && !cJSON_GetObjectItemCaseSensitive(ctx, "reasoning_effort") &&
-                     !cJSON_AddStringToObject(ctx, "reasoning_effort", effort)) ||
-                    !(ctx_json = cJSON_PrintUnformatted(ctx))) {
+                     !cJSON_AddStringToObject(ctx, "reasoning_effort", effort))) {
                     fail(e, 500, "server_error", NULL, NULL, "out of memory");
                     goto out;
                 }
+            }
+            if (!parse_tools(root, r, &ctx, e)) goto out;
+            if (ctx && !(ctx_json = cJSON_PrintUnformatted(ctx))) {
+                fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                goto out;
             }
             if (!parse_messages(field(root, "messages"), false, &msgs, e)) goto out;
             if (!chat_prompt(s, &msgs, ctx_json, r, e)) goto out;
@@ -638,6 +720,9 @@ void api_req_free(api_req *r) {
     r->echo_text = NULL;
     tr_reasoning_free(r->rs);
     r->rs = NULL;
+    cJSON_Delete(r->tools);
+    r->tools = NULL;
+    sb_free(&r->held);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -756,6 +841,29 @@ static void split_reply(api_req *r, const char *text, size_t n, bool end, sbuf *
 /* "" for an empty buffer */
 static const char *sb_cstr(const sbuf *b) { return b->p ? b->p : ""; }
 
+/* the tail of the request's id, to derive its tool calls' ids from */
+static const char *id_tail(const api_req *r) {
+    const size_t n = strlen(r->id);
+    return r->id + (n > 24 ? n - 24 : 0);
+}
+
+/* a chat message's answer: with the request's tools, the tool calls in it become `tool_calls`
+ * (content: the text around them, null for none, as OpenAI answers); true if there were calls */
+static bool answer_message(api_req *r, const char *answer, cJSON *m, bool ollama) {
+    char *content = NULL;
+    cJSON *calls = r->tools ? tools_parse(answer, r->tools, id_tail(r), ollama, &content) : NULL;
+    if (!calls) {
+        cJSON_AddStringToObject(m, "content", answer);
+        return false;
+    }
+    if (content) cJSON_AddStringToObject(m, "content", content);
+    else if (ollama) cJSON_AddStringToObject(m, "content", "");
+    else cJSON_AddNullToObject(m, "content");
+    free(content);
+    cJSON_AddItemToObject(m, "tool_calls", calls);
+    return true;
+}
+
 void api_response(server *s, api_req *r, const char *text, size_t n, const job_view *v,
                   sbuf *out) {
     if (v->finish == FINISH_ERROR || v->finish == FINISH_REFUSED) {
@@ -781,12 +889,12 @@ void api_response(server *s, api_req *r, const char *text, size_t n, const job_v
         cJSON_AddStringToObject(m, "role", "assistant");
         sbuf rs = {0}, an = {0};
         split_reply(r, t, strlen(t), true, &rs, &an);
-        cJSON_AddStringToObject(m, "content", sb_cstr(&an));
+        const bool called = answer_message(r, sb_cstr(&an), m, false);
         if (rs.len) cJSON_AddStringToObject(m, "reasoning_content", sb_cstr(&rs));
         sb_free(&rs);
         sb_free(&an);
         cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddStringToObject(c, "finish_reason", finish_name(v->finish));
+        cJSON_AddStringToObject(c, "finish_reason", called ? "tool_calls" : finish_name(v->finish));
         add_usage(o, v);
         add_timings(o, v);
         break;
@@ -810,7 +918,7 @@ void api_response(server *s, api_req *r, const char *text, size_t n, const job_v
         cJSON_AddStringToObject(m, "role", "assistant");
         sbuf rs = {0}, an = {0};
         split_reply(r, t, strlen(t), true, &rs, &an);
-        cJSON_AddStringToObject(m, "content", sb_cstr(&an));
+        answer_message(r, sb_cstr(&an), m, true);
         if (rs.len) cJSON_AddStringToObject(m, "thinking", sb_cstr(&rs));
         sb_free(&rs);
         sb_free(&an);
@@ -831,6 +939,36 @@ void api_response(server *s, api_req *r, const char *text, size_t n, const job_v
     }
     sb_free(&all);
     emit(o, out, "", "");
+}
+
+/* streaming with tools: the answer piece in *an is held back where a tool call may start; at the
+ * end the held text is parsed, *an becomes the content around the calls, and the calls are
+ * returned (NULL: none, everything held is released as content) */
+static cJSON *hold_tool_calls(api_req *r, sbuf *an, bool end, bool ollama) {
+    if (!r->tools) return NULL;
+    sb_add(&r->held, sb_cstr(an), an->len);
+    an->len = 0;
+    if (an->p) an->p[0] = '\0';
+    if (!end) {
+        const size_t from = tools_hold_from(sb_cstr(&r->held), r->held.len, r->emitted);
+        if (from) {
+            sb_add(an, r->held.p, from);
+            memmove(r->held.p, r->held.p + from, r->held.len - from + 1);
+            r->held.len -= from;
+            r->emitted += from;
+        }
+        return NULL;
+    }
+    char *content = NULL;
+    cJSON *calls = tools_parse(sb_cstr(&r->held), r->tools, id_tail(r), ollama, &content);
+    if (calls) {
+        if (content) sb_str(an, content);
+    } else {
+        sb_add(an, sb_cstr(&r->held), r->held.len);
+    }
+    free(content);
+    r->held.len = 0;
+    return calls;
 }
 
 void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const job_view *end,
@@ -881,6 +1019,7 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
     case API_CHAT: {
         sbuf rs = {0}, an = {0};
         split_reply(r, piece, strlen(piece), end != NULL, &rs, &an);
+        cJSON *calls = hold_tool_calls(r, &an, end != NULL, false);
         if (!r->role_sent || rs.len || an.len) {
             o = base_object(s, r, "chat.completion.chunk");
             cJSON *ch = cJSON_AddArrayToObject(o, "choices");
@@ -899,6 +1038,22 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
         }
         sb_free(&rs);
         sb_free(&an);
+        if (calls) { /* each call whole in one delta, with its index, as llama-server sends it */
+            int i = 0;
+            for (cJSON *call = calls->child; call; call = call->next)
+                cJSON_AddNumberToObject(call, "index", i++);
+            o = base_object(s, r, "chat.completion.chunk");
+            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddItemToArray(ch, c);
+            cJSON_AddNumberToObject(c, "index", 0);
+            cJSON *d = cJSON_AddObjectToObject(c, "delta");
+            cJSON_AddItemToObject(d, "tool_calls", calls);
+            cJSON_AddNullToObject(c, "logprobs");
+            cJSON_AddNullToObject(c, "finish_reason");
+            if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+            emit(o, out, pre, post);
+        }
         if (end) {
             o = base_object(s, r, "chat.completion.chunk");
             cJSON *ch = cJSON_AddArrayToObject(o, "choices");
@@ -907,7 +1062,8 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
             cJSON_AddNumberToObject(c, "index", 0);
             cJSON_AddObjectToObject(c, "delta");
             cJSON_AddNullToObject(c, "logprobs");
-            cJSON_AddStringToObject(c, "finish_reason", finish_name(end->finish));
+            cJSON_AddStringToObject(c, "finish_reason",
+                                    calls ? "tool_calls" : finish_name(end->finish));
             if (r->include_usage) cJSON_AddNullToObject(o, "usage");
             add_timings(o, end);
             emit(o, out, pre, post);
@@ -946,6 +1102,7 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
     case API_OLLAMA_GENERATE: {
         sbuf rs = {0}, an = {0};
         split_reply(r, piece, strlen(piece), end != NULL, &rs, &an);
+        cJSON *calls = hold_tool_calls(r, &an, end != NULL, true);
         if (rs.len || an.len || end) {
             o = base_object(s, r, NULL);
             cJSON *m = o;
@@ -955,6 +1112,8 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
             }
             cJSON_AddStringToObject(m, r->kind == API_OLLAMA_CHAT ? "content" : "response",
                                     sb_cstr(&an));
+            if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
+            calls = NULL;
             if (rs.len) cJSON_AddStringToObject(m, "thinking", sb_cstr(&rs));
             if (end) ollama_done(o, end);
             else cJSON_AddBoolToObject(o, "done", false);

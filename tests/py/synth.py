@@ -119,6 +119,15 @@ CHAT_SPECS = {
         last="Ċ",
         reply=["<think>", "ĊThe", "Ġuser", "Ġgreets", "Ġme", ".Ċ", "</think>", "ĊĊ", "Hello", "!",
                "ĠHow", "Ġcan", "ĠI", "Ġhelp", "?", "<|im_end|>"]),
+    # Qwen3 answering with a tool call in its template's format (the server's tool-call tests)
+    "qwen3moe-tools": dict(
+        arch="qwen3moe", template="Qwen-Qwen3-0.6B.jinja", bos="<|endoftext|>", eos="<|im_end|>",
+        add_bos=False,
+        specials=[("<|im_start|>", 3), ("<|im_end|>", 3), ("<|endoftext|>", 3), ("<think>", 4),
+                  ("</think>", 4), ("<tool_call>", 4), ("</tool_call>", 4)],
+        last="Ċ",
+        reply=["<tool_call>", 'Ċ{"name":', 'Ġ"get_weather",', 'Ġ"arguments":', 'Ġ{"city":',
+               'Ġ"Paris"}}Ċ', "</tool_call>", "<|im_end|>"]),
     "qwen2": dict(  # DeepSeek-R1-Distill-Qwen
         template="deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
         bos=f"<{FWB}begin▁of▁sentence{FWB}>", eos=f"<{FWB}end▁of▁sentence{FWB}>", add_bos=True,
@@ -477,4 +486,5 @@ if __name__ == "__main__":
         CHAT = dict(CHAT_SPECS[args[0]])
         with open(f"{tdir}/{CHAT['template']}", encoding="utf-8") as f:
             CHAT["text"] = f.read()
+        args[0] = CHAT.get("arch", args[0])
     write(args[0], args[1], args[2])
