@@ -29,6 +29,7 @@ need_arm64=()
 [ -e /usr/lib/aarch64-linux-gnu/libpcre2-8.so ] || need_arm64+=(libpcre2-dev:arm64)
 [ -e /usr/lib/aarch64-linux-gnu/libxxhash.so ] || need_arm64+=(libxxhash-dev:arm64)
 [ -e /usr/lib/aarch64-linux-gnu/libcjson.so ] || need_arm64+=(libcjson-dev:arm64)
+[ -e /usr/lib/aarch64-linux-gnu/libmicrohttpd.so ] || need_arm64+=(libmicrohttpd-dev:arm64)
 python3 -c 'import venv' 2>/dev/null || need_pkgs+=(python3-venv)
 # the install test: pkg-config flags, the man page's lint, the shared library's symbols
 command -v pkg-config >/dev/null || need_pkgs+=(pkgconf)
