@@ -233,7 +233,7 @@ typedef struct tr_model_params {
     uint64_t expert_cache_bytes; /* 0: auto — what mem_budget leaves after the dense weights;
                                     TR_EXPERT_CACHE_MIN: the smallest legal budget */
     uint64_t mem_budget_bytes;   /* 0: auto — the memory cgroup's limit, else MemAvailable */
-    const char *expert_policy;   /* NULL: "auto" (LRU unless below the LRU cliff) */
+    const char *expert_policy;   /* NULL: "auto" (= "adaptive": set dueling, src/experts) */
     int expert_prefetch;         /* experts of the next layer to read ahead (0: off) */
     int io_threads;              /* expert I/O workers (<= 0: 4) */
 } tr_model_params;

@@ -3,29 +3,32 @@
  *
  *   knn       evicts the resident expert least likely to be used at its layer's next visit, as
  *             predicted by the routing that followed the most similar moments of the past
- *   adaptive  set dueling: candidate rules (knn, layered, lfu, lru) each run a shadow cache of
- *             the same budget on metadata only (which keys would be resident; no data moved);
- *             the real cache evicts by the rule whose shadow had the most decode hits lately
+ *   adaptive  set dueling: the candidate rules knn, layered, lfu and lru each run a shadow cache
+ *             of the same budget on metadata only (which experts would be resident; no data is
+ *             moved); the real cache evicts by the rule whose shadow had the most decode hits
+ *             lately
  *
  * Why a neighbour predictor. A router's choice is a function of the hidden state, and the hidden
- * state of a token is reflected in the experts every layer chose for it: the routing of the last
+ * state of a token shows in the experts every layer chose for it: the routing of the last
  * n_layer layer steps is a fingerprint of where the model is. Past moments with a similar
- * fingerprint tend to be followed by similar routing (a phrase coming back, a style held), which
- * no recency or frequency count sees. The fingerprint of "now" is token t's choices on the layers
- * already computed plus token t-1's on the rest; it is compared with the same window ending one
- * to H tokens earlier (overlap of the chosen experts, layer by layer), and the neighbours' next
- * choices, weighted by overlap^3, give each expert its probability of use at its layer's next
- * visit. Ties (experts no neighbour used) fall back to the LRFU value.
+ * fingerprint tend to be followed by similar routing (a phrase coming back, a style or a topic
+ * held), which no recency or frequency count sees. The fingerprint of "now" is token t's choices
+ * on the layers already computed plus token t-1's on the rest; it is compared with the same
+ * window ending 1 to HIST tokens earlier (experts chosen by both, layer by layer), and the
+ * neighbours' next choices, weighted by that overlap cubed, vote for each expert's use at its
+ * layer's next visit. Experts no neighbour chose are ordered by their LRFU value.
  *
- * Why dueling. No rule wins everywhere: a trace whose expert popularity is stable favours LFU,
- * one whose popular set keeps moving favours LRU, the shared Qwen3 trace favours layered and
- * knn. The shadows measure each rule on the routing this model actually produces, online, so no
- * rule or constant is chosen for a model in advance.
+ * Why dueling. No rule wins everywhere: routing whose popular experts stay popular favours LFU,
+ * routing whose popular set keeps moving favours LRU, the shared Qwen3 trace favours layered and
+ * knn, the synthetic models knn. The shadows measure each rule on the routing this model
+ * produces, online, so no rule and no constant is chosen for a model in advance.
  *
  * Cost: the fingerprint is one bitmask per (token, layer); updating the similarity of every lag
- * is two popcounts per lag per layer step; a prediction (only at steps that evict) takes the 32
- * most similar lags and adds their masks: 32 x n_layer x top-k. Victims are found by a scan of
- * the evictable items. All memory is sized at creation.
+ * is two popcounts per lag per layer step; a prediction (only at steps that evict) takes the
+ * NEIGH most similar lags and adds their masks: NEIGH x n_layer x top-k. Victims come from one
+ * scan of the evictable items per layer step. The shadows are ordinary heap-ordered policies
+ * (knn's: the same scan), fed each step's lookups when the next step begins. All memory is sized
+ * at creation.
  */
 #ifndef TR_EXPERTS_ADAPTIVE_H
 #define TR_EXPERTS_ADAPTIVE_H
@@ -35,21 +38,34 @@
 
 #include "experts/policy.h"
 
+/* the routing-neighbour predictor */
 typedef struct tr_adapt tr_adapt;
 
-/* duel: run the shadows and follow the best rule (adaptive); false: the knn rule alone.
- * NULL when out of memory. p must be fully initialised except p->ad. */
-tr_adapt *tr_adapt_create(const tr_policy *p, bool duel);
+tr_adapt *tr_adapt_create(int32_t n_layer, int32_t n_expert, int32_t n_expert_used);
 void tr_adapt_free(tr_adapt *a);
+/* a layer step: records the fingerprint (info may be NULL) */
+void tr_adapt_route(tr_adapt *a, int32_t layer, const tr_policy_route_info *info);
+/* [n_layer * n_expert] the neighbours' vote for each key's use at its layer's next visit, for
+ * the current layer step (all 0 inside a multi-row batch or before any history) */
+const float *tr_adapt_predict(tr_adapt *a);
 
-/* a layer step: records the fingerprint (info may be NULL), marks the step's experts */
-void tr_adapt_route(tr_adapt *a, const tr_policy *p, int32_t layer,
-                    const tr_policy_route_info *info);
-/* one access of key k, after p's shared counters were updated: the shadows see it */
-void tr_adapt_access(tr_adapt *a, const tr_policy *p, uint32_t k);
-/* the real cache's next victim among p->ev (UINT32_MAX when empty) */
-uint32_t tr_adapt_victim(tr_adapt *a, const tr_policy *p, int32_t staging, uint64_t incoming);
-/* decode layer steps each rule led, [TR_POLICY_N_RULES] */
-void tr_adapt_lead_steps(const tr_adapt *a, uint64_t *out);
+/* set dueling */
+typedef struct tr_duel tr_duel;
+
+tr_status tr_duel_create(const tr_policy_params *pp, tr_duel **out, tr_error *err);
+void tr_duel_free(tr_duel *d);
+/* a layer step of the real cache: the previous step's lookups reach the shadows, the leader is
+ * chosen again at a token boundary, and the shadows see this step's route */
+void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info);
+/* one lookup of the real cache */
+void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert);
+int tr_duel_lead(const tr_duel *d); /* a rule (tr_policy_rule_name) */
+const float *tr_duel_predict(tr_duel *d);
+/* [n_keys] the leader's shadow's resident bytes (0: it does not hold the key) */
+const uint64_t *tr_duel_leader_bytes(const tr_duel *d);
+void tr_duel_lead_steps(const tr_duel *d, uint64_t *out); /* [TR_POLICY_N_RULES] */
+
+/* the next victim of a knn or adaptive policy among p->ev (UINT32_MAX when empty) */
+uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming);
 
 #endif

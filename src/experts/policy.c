@@ -18,7 +18,13 @@
  * costs one layer-heap fix, not a pass over the layer's experts.
  *
  * Pinned items leave the heaps and come back on their last unpin, so the heap tops are always
- * evictable and an admit never scans.
+ * evictable and an admit never scans. Protected items (tr_policy_protect) leave them the same way
+ * and come back at the next route, or are taken last when nothing else is left.
+ *
+ * random, knn and adaptive keep the evictable items as a flat array instead: random draws from
+ * it, knn and adaptive (adaptive.c) scan it once per layer step, because their order changes
+ * with every step's prediction. The LRFU value is kept for them too (knn's tie order, the
+ * layered rule adaptive may follow).
  */
 #include "experts/policy_internal.h"
 
@@ -75,13 +81,12 @@ bool tr_policy_lru_collapses(uint64_t budget_bytes, uint64_t working_set) {
 }
 
 tr_policy_kind tr_policy_auto(uint64_t budget_bytes, uint64_t working_set) {
-    /* Both sides of the cliff get "layered": above it, its per-layer shares keep each layer's
-     * recent experts from being pushed out by the other layers (the failure that makes global
-     * recency weak near the cliff); below it no share holds a layer's top-k, so it falls back to
-     * global LRFU, which keeps the most used experts resident instead of cycling them. The
-     * branch stays so the two regimes can be given different policies when measurements say so. */
-    return tr_policy_lru_collapses(budget_bytes, working_set) ? TR_POLICY_ADAPTIVE
-                                                              : TR_POLICY_ADAPTIVE;
+    /* Below the cliff no rule may be LRU-like by construction: the adaptive policy's shadows see
+     * LRU collapse there (0 hits) and follow another rule; above it they pick what the routing
+     * favours (see policy.h) */
+    (void)budget_bytes;
+    (void)working_set;
+    return TR_POLICY_ADAPTIVE;
 }
 
 bool tr_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes, uint64_t working_set,
@@ -276,7 +281,7 @@ static uint64_t rng_next(uint64_t *s) {
 /* The next victim for making room for `incoming` bytes of layer `staging` (-1: none), or
  * UINT32_MAX when nothing is evictable. */
 static uint32_t pick_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
-    if (is_adaptive(p)) return tr_adapt_victim(p->ad, p, staging, incoming);
+    if (is_adaptive(p)) return tr_adapt_victim(p, staging, incoming);
     if (!uses_heaps(p)) {
         if (!p->ev_n) return UINT32_MAX;
         /* multiply-shift instead of %: unbiased enough for n << 2^32, and no division */
@@ -303,6 +308,7 @@ static void unprotect(tr_policy *p, uint32_t k) {
 }
 
 static void unprotect_all(tr_policy *p) {
+    if (p->n_prot) p->cand_valid = false;
     for (uint32_t i = 0; i < p->n_prot; i++) {
         const uint32_t k = p->prot_list[i];
         p->prot[k] = 0;
@@ -370,6 +376,10 @@ void tr_policy_free(tr_policy *p) {
     free(p->prot_list);
     free(p->layer_bytes);
     tr_adapt_free(p->ad);
+    tr_duel_free(p->duel);
+    free(p->klayer);
+    free(p->cand);
+    free(p->cand_key);
     free(p);
 }
 
@@ -464,9 +474,27 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
         memset(p->occ_ptr, 0, nk * sizeof *p->occ_ptr);
     }
     for (size_t l = 0; l < nl; l++) p->layer_bytes[l] = pp->expert_bytes ? pp->expert_bytes[l] : 1;
-    if (is_adaptive(p) && !(p->ad = tr_adapt_create(p, p->kind == TR_POLICY_ADAPTIVE))) {
-        tr_policy_free(p);
-        return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory for %zu items", nk);
+    if (is_adaptive(p)) {
+        p->cand_cap = (uint32_t)(2 * (pp->n_expert_used > 0 ? pp->n_expert_used : 1) + 8);
+        if (p->cand_cap > nk) p->cand_cap = (uint32_t)nk;
+        ok = ALLOC(p->klayer, nk) && ALLOC(p->cand, p->cand_cap) &&
+             (p->cand_key = calloc(p->cand_cap, TR_POLICY_CAND_KEY_BYTES)) != NULL;
+        if (ok && p->kind == TR_POLICY_KNN)
+            ok = (p->ad = tr_adapt_create(p->n_layer, p->n_expert, pp->n_expert_used)) != NULL;
+        if (!ok) {
+            tr_policy_free(p);
+            return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory for %zu items", nk);
+        }
+        for (size_t k = 0; k < nk; k++) p->klayer[k] = (int32_t)(k / (size_t)p->n_expert);
+        if (p->kind == TR_POLICY_ADAPTIVE) {
+            tr_policy_params sp = *pp;
+            sp.decay = exp(p->log_decay);
+            tr_status s = tr_duel_create(&sp, &p->duel, err);
+            if (s) {
+                tr_policy_free(p);
+                return s;
+            }
+        }
     }
     p->st.budget_bytes = p->budget;
     *out = p;
@@ -520,7 +548,9 @@ tr_status tr_policy_route(tr_policy *p, int32_t layer, const tr_policy_route_inf
             p->pend_w[k] += info->weights ? pow((double)info->weights[i], WEIGHT_EXPONENT) : 1.0;
         }
     }
-    if (p->ad) tr_adapt_route(p->ad, p, layer, info);
+    p->cand_valid = false;
+    if (p->ad) tr_adapt_route(p->ad, layer, info);
+    if (p->duel) tr_duel_route(p->duel, layer, info);
     return TR_OK;
 }
 
@@ -558,7 +588,8 @@ tr_status tr_policy_lookup(tr_policy *p, int32_t layer, int32_t expert, bool *hi
         p->pa[k] = log(f) - (double)now * p->log_decay;
     }
     rekey(p, k);
-    if (p->ad) tr_adapt_access(p->ad, p, k);
+    if (p->duel) tr_duel_access(p->duel, layer, expert);
+    if (p->ev_pos && p->ev_pos[k] != NOT_IN_HEAP) p->cand_valid = false;
     return TR_OK;
 }
 
@@ -655,6 +686,7 @@ tr_status tr_policy_unpin(tr_policy *p, int32_t layer, int32_t expert, tr_error 
     if (--p->pins[k] == 0) {
         p->pinned_bytes -= p->bytes[k];
         evictable_add(p, k);
+        p->cand_valid = false;
     }
     return TR_OK;
 }
@@ -691,6 +723,7 @@ tr_status tr_policy_protect(tr_policy *p, int32_t layer, const int32_t *experts,
             return tr_fail(err, TR_E_ARG, "expert policy protect: expert %d is outside 0..%d",
                            experts[i], p->n_expert - 1);
     unprotect_all(p);
+    p->cand_valid = false;
     for (int32_t i = 0; i < n && p->n_prot < (uint32_t)p->n_expert; i++) {
         const uint32_t k = (uint32_t)layer * (uint32_t)p->n_expert + (uint32_t)experts[i];
         if (!p->bytes[k] || p->pins[k] || p->prot[k]) continue;
@@ -712,5 +745,5 @@ void tr_policy_get_stats(const tr_policy *p, tr_policy_stats *out) {
     out->pinned_bytes = p->pinned_bytes;
     out->budget_bytes = p->budget;
     out->resident_items = p->n_resident;
-    if (p->ad) tr_adapt_lead_steps(p->ad, out->lead_steps);
+    if (p->duel) tr_duel_lead_steps(p->duel, out->lead_steps);
 }

@@ -73,10 +73,12 @@ bool tr_policy_lru_collapses(uint64_t budget_bytes, uint64_t working_set);
 bool tr_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes, uint64_t working_set,
                              tr_policy_kind kind);
 
-/* What "auto" runs. Measured on the shared Qwen3-30B trace (bench/results/replay.md), "layered"
- * is above LRU and LFU at every budget from 0.3x to 10x the working set (and within 0.3 points
- * of lrfu where lrfu is ahead), and below the cliff it keeps the most used experts resident
- * instead of collapsing. */
+/* What "auto" runs: "adaptive" on both sides of the cliff. It follows whichever of knn, layered,
+ * lfu and lru its shadow caches find best on the routing it sees, so what it runs for a model is
+ * measured on that model, not chosen here (bench/results/replay.md: the shared trace, traces
+ * recorded from structured-router synthetic models of every architecture, traces inverting the
+ * shared one's statistics). The budget and working set stay in the signature so the two regimes
+ * can be told apart again if a measurement ever asks for it. */
 tr_policy_kind tr_policy_auto(uint64_t budget_bytes, uint64_t working_set);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #include "experts/policy.h"
 
 #define NOT_IN_HEAP UINT32_MAX
+#define TR_POLICY_CAND_KEY_BYTES 32
 
 struct tr_policy {
     tr_policy_kind kind;
@@ -47,8 +48,18 @@ struct tr_policy {
     /* protected items (at most one layer's worth), in the order they were protected */
     uint32_t *prot_list, n_prot;
 
-    /* knn, adaptive */
+    /* knn: the predictor; adaptive: the shadows (and theirs) */
     tr_adapt *ad;
+    tr_duel *duel;
+    int32_t *klayer; /* [n_keys] layer of each key (no division in scans) */
+    /* the lowest evictable items of the last scan, in order, for the other admits of the step:
+     * keys of evictable items do not change within a layer step (what is looked up is pinned
+     * or not resident), so one scan serves the step; lookups of evictable items, unpins and
+     * protection changes invalidate it */
+    uint32_t *cand, cand_n, cand_i, cand_cap;
+    void *cand_key; /* [cand_cap] their keys (adaptive.c's rkey) */
+    int cand_rule;
+    bool cand_valid;
 
     /* belady */
     tr_policy_key *future;
