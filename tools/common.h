@@ -34,6 +34,7 @@ typedef struct gen_opts {
     unsigned long long expert_cache, mem_budget; /* 0 = auto */
     const char *expert_policy;
     int expert_prefetch, io_threads;
+    bool expert_lookahead;
     tr_session_params kv; /* the --kv-* flags (n_ctx/n_batch come from -c/-b) */
 } gen_opts;
 

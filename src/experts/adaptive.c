@@ -35,8 +35,6 @@
  * best over the last few dozen tokens, so a change of regime (a new turn, a new topic) is
  * followed within a few tokens while one unlucky token does not flip it. */
 #define SCORE_KEEP 0.97
-static double SK_ = SCORE_KEEP;
-__attribute__((constructor)) static void envinit(void){ if(getenv("SK")) SK_=atof(getenv("SK"));}
 
 enum { R_KNN, R_LAYERED, R_LRU, R_LFU };
 _Static_assert(TR_POLICY_N_RULES == 4, "rules");
@@ -430,7 +428,7 @@ void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info) 
          * than chance would put it (one standard deviation of the difference of two hit
          * counts), so a handful of lucky hits early on does not hand the cache to a rule */
         int best = d->lead;
-        for (int r = 0; r < TR_POLICY_N_RULES; r++) d->score[r] *= SK_;
+        for (int r = 0; r < TR_POLICY_N_RULES; r++) d->score[r] *= SCORE_KEEP;
         for (int r = 0; r < TR_POLICY_N_RULES; r++)
             if (d->score[r] > d->score[best]) best = r;
         d->lead = best;

@@ -116,11 +116,13 @@ struct tr_model {
     void *route_hook_user;
     int32_t trace_turn;
     int expert_prefetch;          /* experts of the next layer to read ahead */
+    bool expert_lookahead;        /* protect the next layer's predicted experts from eviction */
     int32_t pred_layer, pred_n;   /* the last prediction, checked when that layer routes */
     int32_t pred[256];
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
     char warning[512];
+    tr_expert_budget_plan plan; /* how an auto budget was chosen */
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
     void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */
     size_t n_owned, cap_owned;
@@ -139,5 +141,19 @@ const tr_arch *tr_arch_find(const char *name);
 bool tr_model_has_key(const struct tr_model *m, const char *suffix);
 bool tr_model_key_float(const struct tr_model *m, const char *suffix, float *out);
 bool tr_model_key_int(const struct tr_model *m, const char *suffix, int64_t *out);
+
+/* the expert cache's auto budget (src/model/budget.c) */
+typedef struct tr_expert_plan_in {
+    uint64_t mem_budget;          /* --mem-budget (0: none) */
+    uint64_t cg_limit, cg_usage;  /* the memory cgroup's limit and usage (0: none) */
+    uint64_t mem_available;       /* /proc/meminfo */
+    uint64_t rss_now;             /* the process, once the dense weights are in */
+    uint64_t dense_bytes;
+    bool dense_cache_dropped;
+    uint64_t session_bytes, bookkeeping;
+    uint64_t min_budget, all_experts;
+} tr_expert_plan_in;
+
+void tr_expert_plan(const tr_expert_plan_in *in, tr_expert_budget_plan *out);
 
 #endif

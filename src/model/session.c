@@ -208,8 +208,12 @@ static void resolve_params(const tr_model *m, tr_session_params *p) {
     if (p->n_batch > p->n_ctx) p->n_batch = p->n_ctx;
 }
 
-uint64_t tr_session_estimate_default(const tr_model *m) {
+uint64_t tr_session_estimate_default(const tr_model *m) { return tr_session_estimate(m, 0, 0); }
+
+uint64_t tr_session_estimate(const tr_model *m, int32_t n_ctx, int32_t n_batch) {
     tr_session_params p = tr_session_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
     resolve_params(m, &p);
     tr_scratch dummy;
     const int nth = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
