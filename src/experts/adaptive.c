@@ -72,6 +72,9 @@ struct tr_adapt {
     int32_t cyc_rows, last_layer, cur_layer;
     bool cyc_single;
     double *S; /* [HIST] similarity by lag */
+    /* [L][HIST] what layer l added to S[d] at the last token: the term to take out at the next
+     * (the window's oldest layer step), kept instead of recomputed */
+    uint16_t *last_ov;
     bool S_valid;
     int64_t S_tok;
     float *acc; /* [n_keys] the prediction of the current step */
@@ -106,24 +109,41 @@ static void similarity_full(tr_adapt *a, int64_t t, int32_t j) {
     const int32_t dmax = max_lag(t);
     for (int32_t d = 1; d <= dmax; d++) {
         double s = 0;
-        for (int32_t m = 0; m < a->L; m++)
-            s += m <= j ? overlap(a, t, t - d, m) : overlap(a, t - 1, t - 1 - d, m);
+        for (int32_t m = 0; m < a->L; m++) {
+            const int o = m <= j ? overlap(a, t, t - d, m) : overlap(a, t - 1, t - 1 - d, m);
+            a->last_ov[(size_t)m * HIST + (size_t)d] = (uint16_t)o;
+            s += o;
+        }
         a->S[d] = s;
     }
     a->S_valid = true;
     a->S_tok = t;
 }
 
-/* S moves from the window ending before layer j of token t to the one ending at it */
+/* S moves from the window ending before layer j of token t to the one ending at it: layer j of
+ * token t comes in, layer j of token t-1 (stored when it came in) goes out */
 static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
     if (!a->S_valid || (a->S_tok != t && a->S_tok != t - 1)) {
         similarity_full(a, t, j);
         return;
     }
     const int32_t dmax = max_lag(t);
-    if (a->S_tok == t - 1 && dmax == t) a->S[dmax] = 0; /* a lag seen for the first time */
-    for (int32_t d = 1; d <= dmax; d++)
-        a->S[d] += overlap(a, t, t - d, j) - overlap(a, t - 1, t - 1 - d, j);
+    const uint64_t *cur = mask_at(a, t, j);
+    uint16_t *last = a->last_ov + (size_t)j * HIST;
+    if (a->W == 1) {
+        const uint64_t c = cur[0];
+        for (int32_t d = 1; d <= dmax; d++) {
+            const int o = popcount64(c & a->ring[(size_t)((t - d) % HIST) * (size_t)a->L + (size_t)j]);
+            a->S[d] += o - last[d];
+            last[d] = (uint16_t)o;
+        }
+    } else {
+        for (int32_t d = 1; d <= dmax; d++) {
+            const int o = overlap(a, t, t - d, j);
+            a->S[d] += o - last[d];
+            last[d] = (uint16_t)o;
+        }
+    }
     a->S_tok = t;
 }
 
@@ -187,6 +207,7 @@ void tr_adapt_free(tr_adapt *a) {
     free(a->ids);
     free(a->n_ids);
     free(a->S);
+    free(a->last_ov);
     free(a->acc);
     free(a->nb_lag);
     free(a->nb_s);
@@ -209,7 +230,7 @@ tr_adapt *tr_adapt_create(int32_t n_layer, int32_t n_expert, int32_t n_expert_us
     const size_t id_rows = (size_t)a->L * HIST, id_words = id_rows * (size_t)a->K;
     if (n_expert > 65536 || !ALLOC(a->ring, ring_words) ||
         !ALLOC(a->ids, id_words) || !ALLOC(a->n_ids, id_rows) ||
-        !ALLOC(a->S, HIST) || !ALLOC(a->acc, a->n_keys) ||
+        !ALLOC(a->S, HIST) || !ALLOC(a->last_ov, id_rows) || !ALLOC(a->acc, a->n_keys) ||
         !ALLOC(a->nb_lag, NEIGH) || !ALLOC(a->nb_s, NEIGH)) {
         tr_adapt_free(a);
         return NULL;
@@ -253,35 +274,30 @@ void tr_adapt_route(tr_adapt *a, int32_t layer, const tr_policy_route_info *info
 /* Victims of the real cache (knn, adaptive): the smallest key, compared lexicographically        */
 
 typedef struct rkey {
-    uint64_t f; /* adaptive: 1 when the leader's shadow holds the key too */
     double a, b;
     uint64_t c;
 } rkey;
 _Static_assert(sizeof(rkey) == TR_POLICY_CAND_KEY_BYTES, "candidate key size");
 
 static bool rless(rkey x, rkey y) {
-    if (x.f != y.f) return x.f < y.f;
     if (x.a != y.a) return x.a < y.a;
     if (x.b != y.b) return x.b < y.b;
     return x.c < y.c;
 }
 
 static rkey rule_key(const tr_policy *p, int rule, const float *acc, const double *off,
-                     const uint64_t *held, uint32_t k) {
-    const uint64_t f = held ? held[k] != 0 : 0;
+                     uint32_t k) {
     switch (rule) {
-    case R_LRU: return (rkey){f, (double)p->stamp[k], 0, 0};
-    case R_LFU: return (rkey){f, (double)p->freq[k], (double)p->stamp[k], 0};
+    case R_LRU: return (rkey){(double)p->stamp[k], 0, 0};
+    case R_LFU: return (rkey){(double)p->freq[k], (double)p->stamp[k], 0};
     /* layered's order; equal values: the most recent goes (see rekey in policy.c) */
-    case R_LAYERED: return (rkey){f, p->pa[k] + off[p->klayer[k]], 0, UINT64_MAX - p->stamp[k]};
-    default:
-        return (rkey){f, (double)acc[k], p->pa[k] + off[p->klayer[k]], UINT64_MAX - p->stamp[k]};
+    case R_LAYERED: return (rkey){p->pa[k] + off[p->klayer[k]], 0, UINT64_MAX - p->stamp[k]};
+    default: return (rkey){(double)acc[k], p->pa[k] + off[p->klayer[k]], UINT64_MAX - p->stamp[k]};
     }
 }
 
 /* the lowest keys among p->ev (only layer `only` when >= 0) into p->cand, ascending */
-static void fill_candidates(tr_policy *p, int rule, const float *acc, const uint64_t *held,
-                            int32_t only) {
+static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t only) {
     double *off = p->la; /* scratch [n_layer]: the layer heaps are unused by these kinds */
     for (int32_t l = 0; l < p->n_layer; l++) off[l] = (double)p->visits[l] * p->log_decay;
     uint32_t n = 0;
@@ -290,7 +306,7 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, const uint
     for (uint32_t i = 0; i < p->ev_n; i++) {
         const uint32_t k = p->ev[i];
         if (only >= 0 && p->klayer[k] != only) continue;
-        const rkey rk = rule_key(p, rule, acc, off, held, k);
+        const rkey rk = rule_key(p, rule, acc, off, k);
         if (n == cap && !rless(rk, ck[n - 1])) continue;
         uint32_t j = n < cap ? n++ : n - 1; /* insertion into the sorted prefix */
         while (j > 0 && rless(rk, ck[j - 1])) {
@@ -312,18 +328,14 @@ uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
     const float *acc = rule != R_KNN ? NULL
                        : p->duel     ? tr_duel_predict(p->duel)
                                      : tr_adapt_predict(p->ad);
-    /* Following the leader: what its shadow no longer holds goes first (in the leader's order),
-     * so after a change of lead the real cache turns into the leader's cache as fast as misses
-     * allow, instead of drifting there by the leader's order alone */
-    const uint64_t *held = p->duel ? tr_duel_leader_bytes(p->duel) : NULL;
     /* layered: a layer over its fair share pays for its own misses */
     if (rule == R_LAYERED && staging >= 0 &&
         p->layer_used[staging] + incoming > p->share[staging]) {
-        fill_candidates(p, rule, acc, held, staging);
+        fill_candidates(p, rule, acc, staging);
         if (p->cand_n) return p->cand[0];
     }
     for (int pass = 0; pass < 2; pass++) {
-        if (!p->cand_valid || p->cand_rule != rule) fill_candidates(p, rule, acc, held, -1);
+        if (!p->cand_valid || p->cand_rule != rule) fill_candidates(p, rule, acc, -1);
         while (p->cand_i < p->cand_n) {
             const uint32_t k = p->cand[p->cand_i++];
             if (p->ev_pos[k] != NOT_IN_HEAP) return k;
@@ -336,8 +348,28 @@ uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Dueling                                                                                        */
 
+/* Shadows simulate a sample of the layers, as set dueling samples cache sets: the MoE layers in
+ * blocks of s consecutive ones, s chosen so that about SAMPLE_LAYERS blocks exist, and one layer
+ * of each block at an offset drawn from a fixed hash of the block, with the budget's share of
+ * those layers in a token's working set. Each rule meets the same routing at a fraction of the
+ * cost. The offset varies from block to block because a fixed one aliases with any structure
+ * that repeats across layers: every 6th layer of 48 is an even one, and on a trace whose odd
+ * layers route at random (route_traces.py's "mixed") the shadows never saw the layers where the
+ * rules differ and the cache followed the wrong one (1.6 points below LFU). */
+#define SAMPLE_LAYERS 8
+
+static uint32_t block_hash(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
 struct tr_duel {
     tr_policy *sh[TR_POLICY_N_RULES];
+    tr_adapt *pred; /* the routing-neighbour predictor, every layer: the real cache's and knn's */
+    bool *sampled;  /* [n_layer] */
     int32_t n_expert, n_expert_used;
     double score[TR_POLICY_N_RULES];
     int lead;
@@ -345,7 +377,7 @@ struct tr_duel {
     /* the current step's distinct lookups, replayed into the shadows when it ends */
     int32_t step_layer, *step_ex, step_n;
     uint64_t *seen, step;
-    bool step_single, step_routed;
+    bool step_single;
     int32_t last_layer;
     bool *miss;
 };
@@ -353,6 +385,8 @@ struct tr_duel {
 void tr_duel_free(tr_duel *d) {
     if (!d) return;
     for (int r = 0; r < TR_POLICY_N_RULES; r++) tr_policy_free(d->sh[r]);
+    tr_adapt_free(d->pred);
+    free(d->sampled);
     free(d->step_ex);
     free(d->seen);
     free(d->miss);
@@ -367,23 +401,55 @@ tr_status tr_duel_create(const tr_policy_params *pp, tr_duel **out, tr_error *er
     d->n_expert_used = pp->n_expert_used;
     d->step_layer = -1;
     d->last_layer = -1;
-    const size_t nk = (size_t)pp->n_layer * (size_t)pp->n_expert;
-    if (!ALLOC(d->step_ex, (size_t)pp->n_expert) || !ALLOC(d->seen, nk) ||
-        !ALLOC(d->miss, (size_t)pp->n_expert)) {
+    const size_t nk = (size_t)pp->n_layer * (size_t)pp->n_expert, nl = (size_t)pp->n_layer;
+    uint64_t *eb = calloc(nl, sizeof *eb);
+    if (!eb || !ALLOC(d->step_ex, (size_t)pp->n_expert) || !ALLOC(d->seen, nk) ||
+        !ALLOC(d->miss, (size_t)pp->n_expert) || !ALLOC(d->sampled, nl) ||
+        !(d->pred = tr_adapt_create(pp->n_layer, pp->n_expert, pp->n_expert_used))) {
+        free(eb);
         tr_duel_free(d);
         return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory");
     }
+    int32_t n_moe = 0;
+    for (size_t l = 0; l < nl; l++) n_moe += !pp->expert_bytes || pp->expert_bytes[l] > 0;
+    const int32_t stride = n_moe > SAMPLE_LAYERS ? n_moe / SAMPLE_LAYERS : 1;
+    uint64_t all = 0, part = 0;
+    for (int32_t l = 0, i = 0; l < (int32_t)nl; l++) {
+        const uint64_t b = pp->expert_bytes ? pp->expert_bytes[l] : 1;
+        if (!b) continue;
+        all += b;
+        const int32_t blk = i / stride, in_blk = i % stride;
+        /* the last block may be short: its offset is drawn within what it has */
+        const int32_t blk_len = n_moe - blk * stride < stride ? n_moe - blk * stride : stride;
+        d->sampled[l] = in_blk == (int32_t)(block_hash((uint32_t)blk + 1) % (uint32_t)blk_len);
+        i++;
+        if (d->sampled[l]) {
+            eb[l] = b;
+            part += b;
+        }
+    }
+    uint64_t budget = all ? (uint64_t)((double)pp->budget_bytes * (double)part / (double)all) : 1;
+    if (!budget) budget = 1;
     for (int r = 0; r < TR_POLICY_N_RULES; r++) {
         tr_policy_params sp = *pp;
         sp.kind = k_rule_kinds[r];
         sp.future = NULL;
         sp.n_future = 0;
+        sp.expert_bytes = eb;
+        sp.budget_bytes = budget;
         tr_status s = tr_policy_create(&sp, &d->sh[r], err);
         if (s) {
+            free(eb);
             tr_duel_free(d);
             return s;
         }
     }
+    free(eb);
+    /* knn's shadow votes with the shared predictor, which the duel routes */
+    tr_policy *k = d->sh[R_KNN];
+    tr_adapt_free(k->ad);
+    k->ad = d->pred;
+    k->ad_borrowed = true;
     *out = d;
     return TR_OK;
 }
@@ -391,7 +457,7 @@ tr_status tr_duel_create(const tr_policy_params *pp, tr_duel **out, tr_error *er
 /* The step's lookups reach every shadow as a replay batch would: hits pinned, misses admitted
  * (over budget if the step needs it) and pinned, all unpinned, the excess trimmed. */
 static void flush_step(tr_duel *d) {
-    if (d->step_layer < 0 || !d->step_n) {
+    if (d->step_layer < 0 || !d->step_n || !d->sampled[d->step_layer]) {
         d->step_n = 0;
         return;
     }
@@ -421,12 +487,11 @@ static void flush_step(tr_duel *d) {
 }
 
 void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info) {
-    flush_step(d);
+    flush_step(d); /* before the predictor moves on: knn's shadow votes with that step's vote */
+    tr_adapt_route(d->pred, layer, info);
     const bool single = !info || info->n <= d->n_expert_used;
     if (d->last_layer >= 0 && layer <= d->last_layer && single) {
-        /* a token boundary: the best rule takes the lead when it is ahead of the leader by more
-         * than chance would put it (one standard deviation of the difference of two hit
-         * counts), so a handful of lucky hits early on does not hand the cache to a rule */
+        /* a token boundary: the rule strictly ahead takes the lead (on a tie it stays) */
         int best = d->lead;
         for (int r = 0; r < TR_POLICY_N_RULES; r++) d->score[r] *= SCORE_KEEP;
         for (int r = 0; r < TR_POLICY_N_RULES; r++)
@@ -438,10 +503,12 @@ void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info) 
     d->step_layer = layer;
     d->step_single = single;
     if (single) d->lead_steps[d->lead]++;
-    for (int r = 0; r < TR_POLICY_N_RULES; r++) tr_policy_route(d->sh[r], layer, info, NULL);
+    if (d->sampled[layer])
+        for (int r = 0; r < TR_POLICY_N_RULES; r++) tr_policy_route(d->sh[r], layer, info, NULL);
 }
 
 void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert) {
+    if (!d->sampled[layer]) return;
     if (layer != d->step_layer || d->step_n == d->n_expert) {
         /* lookups without a route in between: each layer change is a step */
         flush_step(d);
@@ -456,9 +523,7 @@ void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert) {
 
 int tr_duel_lead(const tr_duel *d) { return d->lead; }
 
-const uint64_t *tr_duel_leader_bytes(const tr_duel *d) { return d->sh[d->lead]->bytes; }
-
-const float *tr_duel_predict(tr_duel *d) { return tr_adapt_predict(d->sh[R_KNN]->ad); }
+const float *tr_duel_predict(tr_duel *d) { return tr_adapt_predict(d->pred); }
 
 void tr_duel_lead_steps(const tr_duel *d, uint64_t *out) {
     for (int r = 0; r < TR_POLICY_N_RULES; r++) out[r] = d->lead_steps[r];

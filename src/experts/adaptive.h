@@ -25,10 +25,10 @@
  *
  * Cost: the fingerprint is one bitmask per (token, layer); updating the similarity of every lag
  * is two popcounts per lag per layer step; a prediction (only at steps that evict) takes the
- * NEIGH most similar lags and adds their masks: NEIGH x n_layer x top-k. Victims come from one
- * scan of the evictable items per layer step. The shadows are ordinary heap-ordered policies
- * (knn's: the same scan), fed each step's lookups when the next step begins. All memory is sized
- * at creation.
+ * NEIGH most similar lags and adds their choices: NEIGH x n_layer x top-k. Victims come from one
+ * scan of the evictable items per layer step. The shadows are ordinary policies (knn's scans like
+ * the real cache, with the same predictor), fed each step's lookups when the next step begins,
+ * on a sample of about 8 layers. All memory is sized at creation.
  */
 #ifndef TR_EXPERTS_ADAPTIVE_H
 #define TR_EXPERTS_ADAPTIVE_H
@@ -61,8 +61,6 @@ void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info);
 void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert);
 int tr_duel_lead(const tr_duel *d); /* a rule (tr_policy_rule_name) */
 const float *tr_duel_predict(tr_duel *d);
-/* [n_keys] the leader's shadow's resident bytes (0: it does not hold the key) */
-const uint64_t *tr_duel_leader_bytes(const tr_duel *d);
 void tr_duel_lead_steps(const tr_duel *d, uint64_t *out); /* [TR_POLICY_N_RULES] */
 
 /* the next victim of a knn or adaptive policy among p->ev (UINT32_MAX when empty) */

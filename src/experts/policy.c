@@ -375,7 +375,7 @@ void tr_policy_free(tr_policy *p) {
     free(p->prot);
     free(p->prot_list);
     free(p->layer_bytes);
-    tr_adapt_free(p->ad);
+    if (!p->ad_borrowed) tr_adapt_free(p->ad);
     tr_duel_free(p->duel);
     free(p->klayer);
     free(p->cand);
@@ -549,7 +549,7 @@ tr_status tr_policy_route(tr_policy *p, int32_t layer, const tr_policy_route_inf
         }
     }
     p->cand_valid = false;
-    if (p->ad) tr_adapt_route(p->ad, layer, info);
+    if (p->ad && !p->ad_borrowed) tr_adapt_route(p->ad, layer, info);
     if (p->duel) tr_duel_route(p->duel, layer, info);
     return TR_OK;
 }

@@ -10,7 +10,7 @@
 #include "experts/policy.h"
 
 #define NOT_IN_HEAP UINT32_MAX
-#define TR_POLICY_CAND_KEY_BYTES 32
+#define TR_POLICY_CAND_KEY_BYTES 24
 
 struct tr_policy {
     tr_policy_kind kind;
@@ -50,6 +50,7 @@ struct tr_policy {
 
     /* knn: the predictor; adaptive: the shadows (and theirs) */
     tr_adapt *ad;
+    bool ad_borrowed; /* adaptive's knn shadow: the duel's predictor, routed and freed there */
     tr_duel *duel;
     int32_t *klayer; /* [n_keys] layer of each key (no division in scans) */
     /* the lowest evictable items of the last scan, in order, for the other admits of the step:

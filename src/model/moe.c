@@ -152,7 +152,9 @@ static void predict_next(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
     m->pred_layer = ln;
     m->pred_n = n;
     if (m->expert_lookahead) tr_expert_cache_protect(m->experts, ln, m->pred, n);
-    if (m->expert_prefetch > 0) tr_expert_cache_prefetch(m->experts, ln, m->pred, n);
+    /* the first experts of the list are the router's most likely (one row: its top-k order) */
+    if (m->expert_prefetch > 0)
+        tr_expert_cache_prefetch(m->experts, ln, m->pred, n < m->expert_prefetch ? n : m->expert_prefetch);
 }
 
 tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float *out,
