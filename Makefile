@@ -4,6 +4,7 @@
 #   make demo       install what is missing, build, run the main job on the default model
 #   make bench-kernels   matvec bandwidth table (not part of make test)
 #   make fuzz       run the GGUF reader fuzzer for FUZZ_SECONDS (default 300)
+#   make fuzz-jinja run the chat-template engine's fuzzer for FUZZ_SECONDS
 
 CC      ?= cc
 ARCH    := $(shell $(CC) -dumpmachine | cut -d- -f1)
@@ -13,12 +14,16 @@ PY      := .venv/bin/python3
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith \
            -Wvla -Wformat=2
 # -ffp-contract=off: no silent FMA contraction, so scalar kernels are bit-exact with ggml's
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno -Iinclude -Isrc $(WARN)
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno $(INC) $(WARN)
+# the library, its tests and benchmarks see src/; tools/ see the public headers only (the CLI is
+# the API's first user)
+INC = -Iinclude -Isrc
+TOOLS_INC = -Iinclude
 OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
-LDLIBS  := -lpcre2-8 -lxxhash -lpthread -lm
-CLI_LIBS := -lcjson
+LDLIBS  := -lpcre2-8 -lxxhash -lcjson -lpthread -lm
+CLI_LIBS :=
 
 LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c src/tensor/x86/hash_avx2.c
@@ -36,19 +41,37 @@ FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512b
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
+$(CLI_OBJ): INC = $(TOOLS_INC) $(INC_$<)
+# one set of library objects serves libterrace.a and libterrace.so: position-independent, and
+# every symbol hidden unless include/terrace.h marks it TR_API
+$(LIB_OBJ): LIB_CFLAGS := -fPIC -fvisibility=hidden
 
-.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
-        format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
+# the version and the soname's major number come from the header
+VERSION := $(shell sed -n 's/^\#define TR_VERSION_STRING "\(.*\)"/\1/p' include/terrace.h)
+MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include/terrace.h)
+SONAME  := libterrace.so.$(MAJOR)
 
-all: $(BUILD)/terrace $(BUILD)/terrace-storaged
+.PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-kv \
+        bench-kv-quality bench-replay bench-kernels cross-aarch64 fuzz fuzz-build fuzz-jinja format
+
+all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(FLAGS_$<) -MMD -MP -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(LIB_CFLAGS) $(FLAGS_$<) -MMD -MP -c $< -o $@
 
 $(BUILD)/libterrace.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# the shared library: libterrace.so.<version>, its soname libterrace.so.<major> and the link-time
+# name libterrace.so as symlinks; --no-undefined so a missing library shows here, not in an app
+$(BUILD)/libterrace.so.$(VERSION): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined -o $@ $^ $(LDLIBS)
+
+$(BUILD)/$(SONAME): $(BUILD)/libterrace.so.$(VERSION)
+	ln -sf libterrace.so.$(VERSION) $@
+	ln -sf $(SONAME) $(BUILD)/libterrace.so
 
 $(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
 	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libterrace.a $(CLI_LIBS) $(LDLIBS)
@@ -56,6 +79,53 @@ $(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
 # the KV cache's storage agent, a process of its own (src/kv/csd.h)
 $(BUILD)/terrace-storaged: $(BUILD)/src/agent/storaged.o $(BUILD)/libterrace.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
+
+# ---- install ------------------------------------------------------------------------------------
+# make install PREFIX=/usr/local DESTDIR=/tmp/stage  (uninstall takes the same variables)
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR     ?= $(PREFIX)/share/man
+DOCDIR     ?= $(PREFIX)/share/doc/terrace
+PCDIR      ?= $(LIBDIR)/pkgconfig
+# paths under the prefix are written relative to it, so pkg-config --define-prefix can move them
+pcpath = $(patsubst $(PREFIX)%,$${prefix}%,$(1))
+
+$(BUILD)/terrace.pc: Makefile include/terrace.h
+	@mkdir -p $(dir $@)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call pcpath,$(LIBDIR))' \
+	    'includedir=$(call pcpath,$(INCLUDEDIR))' '' 'Name: terrace' \
+	    'Description: run GGUF language models on machines whose memory is smaller than the model' \
+	    'Version: $(VERSION)' 'Libs: -L$${libdir} -lterrace' 'Libs.private: $(LDLIBS)' \
+	    'Cflags: -I$${includedir}' >$@
+
+$(BUILD)/terrace.1: man/terrace.1 include/terrace.h
+	@mkdir -p $(dir $@)
+	sed 's/@VERSION@/$(VERSION)/' $< >$@
+
+install: all $(BUILD)/libterrace.a $(BUILD)/terrace.pc $(BUILD)/terrace.1
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) \
+	    $(DESTDIR)$(PCDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(DOCDIR)
+	install -m 755 $(BUILD)/terrace $(BUILD)/terrace-storaged $(DESTDIR)$(BINDIR)/
+	install -m 755 $(BUILD)/libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libterrace.so
+	install -m 644 $(BUILD)/libterrace.a $(DESTDIR)$(LIBDIR)/
+	install -m 644 include/terrace.h include/terrace_replay.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(BUILD)/terrace.pc $(DESTDIR)$(PCDIR)/
+	install -m 644 $(BUILD)/terrace.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 LICENSE README.md $(DESTDIR)$(DOCDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/terrace $(DESTDIR)$(BINDIR)/terrace-storaged \
+	    $(DESTDIR)$(LIBDIR)/libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	    $(DESTDIR)$(LIBDIR)/libterrace.so $(DESTDIR)$(LIBDIR)/libterrace.a \
+	    $(DESTDIR)$(INCLUDEDIR)/terrace.h $(DESTDIR)$(INCLUDEDIR)/terrace_replay.h \
+	    $(DESTDIR)$(PCDIR)/terrace.pc \
+	    $(DESTDIR)$(MANDIR)/man1/terrace.1 $(DESTDIR)$(DOCDIR)/LICENSE $(DESTDIR)$(DOCDIR)/README.md
+	-rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null
 
 # ---- tests --------------------------------------------------------------------------------------
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -100,10 +170,12 @@ bench-moe: deps all peer
 	@bash bench/bench_moe.sh
 
 # KV decode step, offload vs tiered (and h2o, quest), 7B-like attention, most KV on disk, in a
-# capped cgroup (root; results: bench/results/kv.md)
+# capped cgroup (root). KV_SCENARIOS: bench/bench_kv.sh's scenarios (main, agent, spec, tail-cost,
+# beta, persist, batch, paired); results: bench/results/kv-<scenarios>.md, findings in kv.md
+KV_SCENARIOS ?= main
 bench-kv: deps all $(BUILD)/bench/bench_kv
 	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
-	@bash bench/bench_kv.sh
+	@bash bench/bench_kv.sh $(KV_SCENARIOS)
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
 bench-kv-quality: deps all
@@ -131,7 +203,8 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
 
 # ---- fuzzing (clang + libFuzzer) ----------------------------------------------------------------
 FUZZ_SECONDS ?= 300
-FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+               -fno-omit-frame-pointer
 
 # the reader and what it links against; no SIMD files (nothing of theirs is reachable from it)
 FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/tensor/types.c src/tensor/dequant.c \
@@ -141,11 +214,24 @@ build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard src/*/*.h include/
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LDLIBS)
 
-fuzz-build: build/fuzz/fuzz_gguf
+# the template engine and the reasoning splitter, nothing else
+FUZZ_JINJA_SRC := $(wildcard src/text/jinja_*.c) src/text/reasoning.c src/core/error.c
+
+build/fuzz/fuzz_jinja: fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) $(wildcard src/*/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) -lm
+
+fuzz-build: build/fuzz/fuzz_gguf build/fuzz/fuzz_jinja
 
 fuzz: deps build/fuzz/fuzz_gguf
 	@mkdir -p fuzz/corpus
 	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 fuzz/corpus
+
+# new inputs go to fuzz/corpus-jinja; the shared chat templates seed it (read only)
+fuzz-jinja: deps build/fuzz/fuzz_jinja
+	@mkdir -p fuzz/corpus-jinja
+	build/fuzz/fuzz_jinja -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
+	    -dict=fuzz/jinja.dict fuzz/corpus-jinja $(wildcard ../shared/testdata/templates)
 
 format:
 	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/*/*/*.[ch] tools/*.[ch] tests/*.[ch] bench/*.c fuzz/*.c)

@@ -33,20 +33,20 @@ extern "C" {
 /* Expert-cache policy names                                                                      */
 
 /* the names a policy may be given, comma separated ("auto,lru,lfu,random,belady,...") */
-const char *tr_expert_policy_names(void);
+TR_API const char *tr_expert_policy_names(void);
 /* TR_OK when `name` is one of them; else TR_E_ARG with a message listing them */
-tr_status tr_expert_policy_check(const char *name, tr_error *err);
+TR_API tr_status tr_expert_policy_check(const char *name, tr_error *err);
 /* what "auto" runs at this budget for a model whose token working set is `working_set` bytes */
-const char *tr_expert_policy_auto(uint64_t budget_bytes, uint64_t working_set);
+TR_API const char *tr_expert_policy_auto(uint64_t budget_bytes, uint64_t working_set);
 /* true when plain LRU collapses to ~0% hits there (budget below one token's working set) */
-bool tr_expert_policy_below_cliff(uint64_t budget_bytes, uint64_t working_set);
+TR_API bool tr_expert_policy_below_cliff(uint64_t budget_bytes, uint64_t working_set);
 /* below the cliff: a one-line warning with the numbers, naming the policy that runs; returns
  * false (and writes "") above it */
-bool tr_expert_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes,
+TR_API bool tr_expert_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes,
                                     uint64_t working_set, const char *policy);
 /* the rules the adaptive policy chooses between, for its statistics */
 #define TR_EXPERT_N_RULES 4
-const char *tr_expert_rule_name(int rule); /* "knn", "layered", "lfu", "lru" */
+TR_API const char *tr_expert_rule_name(int rule); /* "knn", "layered", "lfu", "lru" */
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Traces                                                                                         */
@@ -55,8 +55,8 @@ typedef struct tr_route_trace tr_route_trace;
 
 /* Reads, validates and prepares a trace for replay. Errors name the file and line (TR_E_IO,
  * TR_E_FORMAT, TR_E_UNSUPPORTED for another format version). */
-tr_status tr_route_trace_load(const char *path, tr_route_trace **out, tr_error *err);
-void tr_route_trace_free(tr_route_trace *t);
+TR_API tr_status tr_route_trace_load(const char *path, tr_route_trace **out, tr_error *err);
+TR_API void tr_route_trace_free(tr_route_trace *t);
 
 typedef struct tr_route_trace_info {
     const char *model, *arch; /* valid while the trace lives */
@@ -68,7 +68,7 @@ typedef struct tr_route_trace_info {
     uint64_t working_set_bytes; /* one token's experts: every MoE layer x top-k x expert bytes */
 } tr_route_trace_info;
 
-void tr_route_trace_get_info(const tr_route_trace *t, tr_route_trace_info *out);
+TR_API void tr_route_trace_get_info(const tr_route_trace *t, tr_route_trace_info *out);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* One replay                                                                                     */
@@ -97,7 +97,7 @@ typedef struct tr_replay_result {
     uint64_t policy_ns;                     /* time spent in the policy's calls */
 } tr_replay_result;
 
-tr_status tr_replay_run(const tr_route_trace *t, const tr_replay_params *params,
+TR_API tr_status tr_replay_run(const tr_route_trace *t, const tr_replay_params *params,
                         tr_replay_result *out, tr_error *err);
 
 #ifdef __cplusplus

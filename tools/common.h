@@ -5,12 +5,11 @@
 #ifndef TR_TOOLS_COMMON_H
 #define TR_TOOLS_COMMON_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "cli.h"
-#include "text/sample.h"
-#include "text/tokenizer.h"
 
 typedef struct gen_opts {
     const char *model;
@@ -21,6 +20,7 @@ typedef struct gen_opts {
     int32_t n_predict;        /* -n; -1 = until end of generation or context */
     int32_t n_ctx, n_batch, n_threads;
     bool no_mmap, ignore_eos, no_display_prompt, escape, verbose;
+    bool reasoning_none; /* chat --reasoning-format none */
     tr_sampler_params sampling;
     const char *stop[16];
     int n_stop;
@@ -36,6 +36,7 @@ typedef struct gen_opts {
     int expert_prefetch, io_threads;
     bool expert_lookahead;
     tr_session_params kv; /* the --kv-* flags (n_ctx/n_batch come from -c/-b) */
+    bool jinja;           /* --jinja: run formats -p as a chat turn with the chat template */
 } gen_opts;
 
 /* parses argv into o (defaults first); on a bad flag prints why and returns false */
@@ -45,11 +46,12 @@ void gen_print_common_flags(FILE *f);
 
 typedef struct loaded {
     tr_model *model;
-    tr_tokenizer *tok;
+    const tr_tokenizer *tok; /* the model's */
     double load_ms;
 } loaded;
 
-/* loads model + tokenizer; prints the error itself and returns false on failure */
+/* loads the model (its tokenizer with it); prints the error itself and returns false on failure,
+ * also for a file without a vocabulary */
 bool load_model(const gen_opts *o, loaded *out);
 void unload_model(loaded *l);
 
@@ -61,6 +63,14 @@ char *read_file(const char *path, size_t *len);
 
 /* session parameters from -c, -b and the --kv-* flags */
 tr_session_params session_params(const gen_opts *o);
+
+/* Ctrl-C: after cli_catch_interrupt, SIGINT sets cli_interrupted instead of killing the process
+ * (without SA_RESTART, so a blocking read returns EINTR); cli_abort_on_interrupt is the sessions'
+ * abort callback, which stops an evaluation between chunks. */
+extern volatile sig_atomic_t cli_interrupted;
+void cli_catch_interrupt(void);
+bool cli_abort_on_interrupt(void *user);
+#define CLI_EXIT_INTERRUPT 130 /* as llama.cpp's tools */
 
 double now_ms(void);
 double peak_rss_mib(void);
