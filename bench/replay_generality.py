@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Expert-cache policies beyond the trace they were developed on (make bench-replay).
 
-  replay_generality.py TERRACE SHARED_TRACE [OUTDIR]
+  [REUSE=1] replay_generality.py TERRACE SHARED_TRACE [OUTDIR]
 
 Prints markdown for bench/results/replay.md:
   1. the shared Qwen3-30B-A3B trace, every policy at the published budgets
@@ -34,8 +34,8 @@ def replay(terrace, trace, budgets, policies, extra=()):
 
 
 def table(d, policies, ws, rel):
-    head = "| budget | " + " | ".join(policies) + " | adaptive − max(lru, lfu) |"
-    out = [head, "|---:|" + "---:|" * (len(policies) + 1)]
+    head = "| budget | " + " | ".join(policies) + " | adaptive − max(lru, lfu) | gap closed |"
+    out = [head, "|---:|" + "---:|" * (len(policies) + 2)]
     worst = 99
     for row in d["budgets"]:
         h = row["decode_hit_pct"]
@@ -47,7 +47,9 @@ def table(d, policies, ws, rel):
             best_online = max(h[q] for q in policies if q not in ("belady",))
             v = f"{h[p]:.1f}"
             cells.append(f"**{v}**" if p != "belady" and h[p] == best_online else v)
-        out.append(f"| {b} | " + " | ".join(cells) + f" | {m:+.1f} |")
+        gap = h["belady"] - h["lru"]
+        closed = f"{100 * (h['adaptive'] - h['lru']) / gap:.0f} %" if gap > 0.05 else "–"
+        out.append(f"| {b} | " + " | ".join(cells) + f" | {m:+.1f} | {closed} |")
     return "\n".join(out), worst
 
 
@@ -84,8 +86,10 @@ def main():
     print()
     py = os.path.join(ROOT, ".venv", "bin", "python3")
     gen = os.path.join(ROOT, "tests", "py", "route_traces.py")
-    subprocess.run([py, gen, "record", terrace, outdir], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([py, gen, "invert", shared, outdir], check=True, stdout=subprocess.DEVNULL)
+    # REUSE=1 with an OUTDIR of an earlier run: replay its traces instead of recording them again
+    if not os.environ.get("REUSE"):
+        subprocess.run([py, gen, "record", terrace, outdir], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([py, gen, "invert", shared, outdir], check=True, stdout=subprocess.DEVNULL)
     print("### Traces the policies were not developed on\n")
     worst = []
     for name in sorted(os.listdir(outdir)):
