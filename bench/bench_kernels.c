@@ -5,7 +5,7 @@
  * split across the pool the same way). A memory-bound kernel reaches a high fraction of it.
  *
  * usage: bench_kernels [--types Q4_K,Q8_0,...] [--gib 1.5] [--reps 5] [--threads 1,2]
- *                      [--k 4096] [--isa avx2|avx512|scalar]
+ *                      [--k 4096] [--isa avx512|avx2|i8mm|dotprod|neon|scalar]
  *
  * Per type the matrix (gib GiB, K columns) is created once with random valid blocks, measured,
  * and freed before the next one, so at most one matrix is resident. Each thread count gets one
@@ -23,11 +23,11 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
-#include "core/pool.h"
-#include "tensor/fp16.h"
-#include "tensor/kernels.h"
-#include "tensor/matmul.h"
+#include "terrace_seam.h"
 
 #define MAX_THREADS 8
 
@@ -80,6 +80,19 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t n
 }
 #endif
 
+#if defined(__aarch64__)
+static uint64_t sum_neon(const char *p, size_t n) {
+    uint64x2_t s0 = vdupq_n_u64(0), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        s0 = vaddq_u64(s0, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i)));
+        s1 = vaddq_u64(s1, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i + 16)));
+        s2 = vaddq_u64(s2, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i + 32)));
+        s3 = vaddq_u64(s3, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i + 48)));
+    }
+    return vaddvq_u64(vaddq_u64(vaddq_u64(s0, s1), vaddq_u64(s2, s3)));
+}
+#endif
+
 static uint64_t sum_plain(const char *p, size_t n) {
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t i = 0; i + 32 <= n; i += 32) {
@@ -97,6 +110,9 @@ static sum_fn pick_sum(const char **name) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return *name = "avx512", sum_avx512;
     if (__builtin_cpu_supports("avx2")) return *name = "avx2", sum_avx2;
+#endif
+#if defined(__aarch64__)
+    return *name = "neon", sum_neon;
 #endif
     *name = "scalar";
     return sum_plain;
@@ -131,7 +147,7 @@ static double read_pass(tr_pool *pool, sum_fn fn, const char *buf, size_t bytes)
     atomic_init(&j.next, 0);
     atomic_init(&j.sink, 0);
     const double t0 = now_s();
-    tr_pool_run(pool, read_task, &j);
+    tr_seam_pool_run(pool, read_task, &j);
     return now_s() - t0;
 }
 
@@ -178,7 +194,7 @@ static void fill_random(tr_type t, char *buf, size_t bytes, uint64_t seed) {
             if (t == TR_TYPE_F32)
                 memcpy(buf + i, &v, 4);
             else {
-                const uint16_t h = t == TR_TYPE_F16 ? tr_f32_to_f16(v) : tr_f32_to_bf16(v);
+                const uint16_t h = t == TR_TYPE_F16 ? tr_seam_f32_to_f16(v) : tr_seam_f32_to_bf16(v);
                 memcpy(buf + i, &h, 2);
             }
         }
@@ -192,7 +208,7 @@ static void fill_random(tr_type t, char *buf, size_t bytes, uint64_t seed) {
     int d, m;
     scale_fields(t, &d, &m);
     for (size_t b = 0; b + bb <= bytes; b += bb) {
-        const uint16_t hd = tr_f32_to_f16(0.01f * rng_unit(&s));
+        const uint16_t hd = tr_seam_f32_to_f16(0.01f * rng_unit(&s));
         if (d >= 0) memcpy(buf + b + d, &hd, 2);
         if (m >= 0) memcpy(buf + b + m, &hd, 2);
         if (t == TR_TYPE_MXFP4) buf[b] = (char)(120 + rng_next(&s) % 8);
@@ -203,7 +219,7 @@ static void fill_random(tr_type t, char *buf, size_t bytes, uint64_t seed) {
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_kernels [--types T1,T2,..] [--gib G] [--reps R] "
-                    "[--threads 1,2] [--k K] [--isa avx512|avx2|scalar]\n");
+                    "[--threads 1,2] [--k K] [--isa avx512|avx2|i8mm|dotprod|neon|scalar]\n");
 }
 
 static bool parse_type(const char *name, tr_type *out) {
@@ -215,12 +231,25 @@ static bool parse_type(const char *name, tr_type *out) {
     return false;
 }
 
-static void cpu_model(char *out, size_t cap) {
+/* The CPU's name (x86 "model name", Arm "CPU implementer"/"CPU part"), and whether this is an
+ * aarch64 build under user-mode emulation: qemu-user passes the host's /proc/cpuinfo through, so
+ * an aarch64 process that reads an x86 vendor_id runs emulated and its timings mean nothing. */
+static bool cpu_model(char *out, size_t cap) {
     snprintf(out, cap, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
+    if (!f) return false;
     char line[512];
+    bool emulated = false;
     while (fgets(line, sizeof line, f)) {
+#if defined(__aarch64__)
+        if (strncmp(line, "vendor_id", 9) == 0) emulated = true;
+        if (strncmp(line, "CPU part", 8) == 0 && !emulated) {
+            const char *p = strchr(line, ':');
+            snprintf(out, cap, "aarch64, CPU part %s", p ? p + 2 : "?");
+            out[strcspn(out, "\n")] = 0;
+            break;
+        }
+#endif
         if (strncmp(line, "model name", 10) == 0) {
             const char *p = strchr(line, ':');
             if (p) {
@@ -233,6 +262,7 @@ static void cpu_model(char *out, size_t cap) {
         }
     }
     fclose(f);
+    return emulated;
 }
 
 int main(int argc, char **argv) {
@@ -291,7 +321,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_kernels: need --gib > 0, --reps >= 1, --k a multiple of 256\n");
         return 2;
     }
-    const tr_kernels *kern = isa ? tr_kernels_by_name(isa) : tr_kernels_best();
+    const tr_kernels *kern = tr_seam_kernels(isa);
     if (!kern) {
         fprintf(stderr, "bench_kernels: kernel family %s is not available here\n", isa);
         return 2;
@@ -308,14 +338,19 @@ int main(int argc, char **argv) {
     const sum_fn sum = pick_sum(&read_isa);
 
     char cpu[256], date[64];
-    cpu_model(cpu, sizeof cpu);
+    const bool emulated = cpu_model(cpu, sizeof cpu);
     const time_t tnow = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&tnow));
     printf("# bench_kernels %s\n\n", date);
+    if (emulated)
+        printf("**EMULATED**: an aarch64 build on an x86 host (%s) under qemu-user: the figures "
+               "below show that the benchmark runs, not how fast anything is.\n\n", cpu);
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    printf("CPU: %s, %ld MiB L3; kernel family: %s; read loop: %s; matrix %.2f GiB per type, "
+    char l3s[32] = "L3 size unknown"; /* glibc reports none on most Arm systems */
+    if (l3 > 0) snprintf(l3s, sizeof l3s, "%ld MiB L3", l3 >> 20);
+    printf("CPU: %s, %s; kernel family: %s; read loop: %s; matrix %.2f GiB per type, "
            "K = %lld, median of %d after a warm-up\n\n",
-           cpu, l3 > 0 ? l3 >> 20 : -1L, kern->isa, read_isa, gib, (long long)K, reps);
+           cpu, l3s, tr_seam_kernels_isa(kern), read_isa, gib, (long long)K, reps);
     if (l3 > 0 && gib * 1073741824.0 < 3.0 * (double)l3)
         printf(
             "(note: the matrix is less than 3x the L3 size; the figures include cache hits)\n\n");
@@ -344,17 +379,16 @@ int main(int argc, char **argv) {
         madvise(W, bytes, MADV_HUGEPAGE);
         fill_random(t, W, bytes, 1000 + (uint64_t)t);
         float *y = malloc(sizeof(float) * (size_t)N);
-        void *scratch = malloc(tr_matmul_scratch_size(t, K, 1));
-        const tr_mat mat = {.type = t, .n_in = K, .n_out = N, .data = W, .row_bytes = rb};
+        void *scratch = malloc(tr_seam_matvec_scratch(t, K));
         printf("| %s | %.2f GiB |", tr_type_name(t), (double)bytes / 1073741824.0);
         for (int i = 0; i < n_thr; i++) {
             double tm[64], tr[64];
             const int R = reps < 64 ? reps : 64;
-            tr_matmul(pools[i], kern, &mat, x, 1, y, scratch); /* warm-up */
+            tr_seam_matvec(pools[i], kern, t, W, rb, K, N, x, y, scratch); /* warm-up */
             read_pass(pools[i], sum, W, bytes);
             for (int r = 0; r < R; r++) {
                 const double t0 = now_s();
-                tr_matmul(pools[i], kern, &mat, x, 1, y, scratch);
+                tr_seam_matvec(pools[i], kern, t, W, rb, K, N, x, y, scratch);
                 tm[r] = now_s() - t0;
                 tr[r] = read_pass(pools[i], sum, W, bytes);
             }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "common.h"
 
 static void bench_usage(FILE *f) {
@@ -41,7 +42,10 @@ int cmd_bench(int argc, char **argv) {
     double *tps = NULL;
     float *logits = NULL;
     tr_error err = {0};
-    if (!load_model(&o, &ld)) goto out;
+    if (!load_model(&o, &ld)) {
+        if (ld.usage_error) rc = CLI_EXIT_USAGE;
+        goto out;
+    }
     const int32_t n_vocab = tr_model_n_vocab(ld.model);
     const int32_t np = o.n_prompt_bench, ng = o.n_gen_bench;
     tr_session_params sp = session_params(&o);
@@ -104,16 +108,25 @@ int cmd_bench(int argc, char **argv) {
     char b1[32];
     const char *name = strrchr(o.model, '/') ? strrchr(o.model, '/') + 1 : o.model;
     const int nth = tr_pool_size(tr_model_pool(ld.model));
+    /* a managed KV cache's counters, over the whole run (full: none) */
+    tr_kv_stats kv;
+    tr_session_get_kv_stats(s, &kv);
+    char kvj[2048] = "";
+    if (kv.policy != TR_KV_FULL) {
+        kvj[0] = ',';
+        kvj[1] = ' ';
+        tr_kv_stats_format(&kv, TR_KV_STATS_JSON, NULL, kvj + 2, sizeof kvj - 2);
+    }
     if (o.json) {
         printf("[\n");
         for (int i = 0; i < n_res; i++)
             printf("  {\"model\": \"%s\", \"arch\": \"%s\", \"size_bytes\": %llu, \"threads\": %d, "
                    "\"kernels\": \"%s\", \"test\": \"%s%d\", \"n\": %d, \"reps\": %d, "
-                   "\"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"peak_rss_mib\": %.1f}%s\n",
+                   "\"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"peak_rss_mib\": %.1f%s}%s\n",
                    name, tr_model_arch(ld.model),
                    (unsigned long long)tr_model_weight_bytes(ld.model), nth, tr_cpu_isa(),
                    res[i].test, res[i].n, res[i].n, o.reps, res[i].mean, res[i].sd, peak_rss_mib(),
-                   i + 1 < n_res ? "," : "");
+                   kvj, i + 1 < n_res ? "," : "");
         printf("]\n");
     } else {
         printf("| %-32s | %10s | %-8s | %7s | %8s | %18s |\n", "model", "size", "arch", "threads",
@@ -130,6 +143,8 @@ int cmd_bench(int argc, char **argv) {
         }
         printf("\nkernels %s, peak RSS %.1f MiB\n", tr_cpu_isa(), peak_rss_mib());
     }
+    print_kv_stats(stderr, s, "bench: ");
+    if (!close_outputs(&ld)) goto out;
     rc = 0;
 out:
     free(toks);

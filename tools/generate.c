@@ -6,6 +6,7 @@
  */
 #include "generate.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +15,10 @@ static void out_append(gen_state *g, const char *s, size_t n) {
         size_t cap = g->cap ? g->cap * 2 : 4096;
         while (cap < g->len + n + 1) cap *= 2;
         char *b = realloc(g->text, cap);
-        if (!b) return; /* output is best effort; generation goes on */
+        if (!b) { /* the text could not be kept: stop rather than lose it */
+            if (!g->sink_errno) g->sink_errno = ENOMEM;
+            return;
+        }
         g->text = b;
         g->cap = cap;
     }
@@ -53,10 +57,20 @@ static bool flush_text(gen_state *g, const gen_opts *o, bool final) {
         end = g->len - hold;
     }
     if (end > g->printed) {
-        if (g->sink) g->sink(g->sink_user, g->text + g->printed, end - g->printed);
+        errno = 0;
+        if (g->sink && !g->sink(g->sink_user, g->text + g->printed, end - g->printed) &&
+            !g->sink_errno)
+            g->sink_errno = errno ? errno : EIO;
         g->printed = end;
     }
     return stopped;
+}
+
+/* the output stream failed: generating on would only lose more text */
+static bool sink_failed(const gen_state *g) {
+    if (!g->sink_errno) return false;
+    cli_error("cannot write the generated text to standard output: %s", strerror(g->sink_errno));
+    return true;
 }
 
 static void prefill_progress(const gen_state *g, int32_t done, int32_t total) {
@@ -66,7 +80,8 @@ static void prefill_progress(const gen_state *g, int32_t done, int32_t total) {
 
 bool gen_prefill(gen_state *g, tr_session *s, const int32_t *toks, size_t n, float *logits) {
     tr_error err = {0};
-    const int32_t chunk = 256;
+    /* one batch per call: a chunk is what the KV cache reads its cold pool once for */
+    const int32_t chunk = tr_session_n_batch(s);
     const double t0 = now_ms();
     for (size_t done = 0; done < n;) {
         const int32_t k = n - done < (size_t)chunk ? (int32_t)(n - done) : chunk;
@@ -122,10 +137,12 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
         g->ids[g->n_ids++] = tok;
         g->n_gen++;
         g->last_token = tok;
-        if (g->tm) telem_token(g->tm, g->n_gen - 1, tok, g->ttft_ms, NULL);
+        if (g->tm && !telem_token(g->tm, g->n_gen - 1, tok, g->ttft_ms, NULL)) return false;
         const int n = piece_of(ld->tok, tok, piece, sizeof piece);
         out_append(g, piece, (size_t)n);
-        if (flush_text(g, o, false)) {
+        const bool stop = flush_text(g, o, false);
+        if (sink_failed(g)) return false;
+        if (stop) {
             g->stopped_by = "stop string";
             break;
         }
@@ -150,7 +167,7 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
         g->n_decoded++;
     }
     flush_text(g, o, true);
-    return true;
+    return !sink_failed(g);
 }
 
 void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
@@ -188,41 +205,7 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
     } else if (st.moe) {
         fprintf(stderr, "terrace: experts      through mmap (--experts mmap): the kernel's page cache decides\n");
     }
-    tr_session_kv_stats kv;
-    tr_session_get_kv_stats(s, &kv);
-    if (kv.managed) {
-        char b2[32], b3[32];
-        fprintf(stderr, "terrace: kv cache     %s: %lld tokens, hot %s, cold %s, read %s from storage, "
-                        "scoring %.1f ms, attention %.1f ms, %llu tokens attended at the last step\n",
-                kv.policy, (long long)kv.tokens, cli_bytes(kv.hot_bytes, b1, sizeof b1),
-                cli_bytes(kv.cold_bytes, b2, sizeof b2), cli_bytes(kv.bytes_read, b3, sizeof b3),
-                kv.score_ms, kv.attn_ms, (unsigned long long)kv.selected);
-        if (kv.sel_hot + kv.sel_cold)
-            fprintf(stderr, "terrace: kv pools     selected tokens found hot %.1f %%, selected by "
-                            "the step before too %.1f %%; %llu promoted, %llu demoted, %llu "
-                            "ping-pong moves\n",
-                    100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold),
-                    100.0 * kv.sel_repeat,
-                    (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
-                    (unsigned long long)kv.pingpong);
-        if (kv.tail_kept > 0.0 || kv.tail_share > 0.0)
-            fprintf(stderr, "terrace: kv tail      %.1f %% of the unselected tokens summed, holding "
-                            "on average %.2f %% of each head's attention\n",
-                    100.0 * kv.tail_kept, 100.0 * kv.tail_share);
-        if (kv.spec_rows)
-            fprintf(stderr, "terrace: kv spec      %llu rows selected with a speculative query "
-                            "(%llu during the previous layer), cosine to the real query %.3f\n",
-                    (unsigned long long)kv.spec_rows, (unsigned long long)kv.spec_early,
-                    kv.spec_cos);
-        if (kv.csd_score_bytes)
-            fprintf(stderr, "terrace: kv agent     to the host: scores %s, rows %s; read %s from "
-                            "storage; beta %.2f, split %.2f (host scores %.2f M tokens/s, agent "
-                            "%.2f M)\n",
-                    cli_bytes(kv.csd_score_bytes, b1, sizeof b1),
-                    cli_bytes(kv.csd_row_bytes, b2, sizeof b2),
-                    cli_bytes(kv.csd_storage_bytes, b3, sizeof b3), kv.beta, kv.beta_split,
-                    kv.f_c / 1e6, kv.f_s / 1e6);
-    }
+    print_kv_stats(stderr, s, "terrace: ");
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",
             peak_rss_mib(), (double)tr_session_bytes(s) / (1024.0 * 1024.0), tr_session_n_past(s),

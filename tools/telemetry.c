@@ -7,6 +7,7 @@
  */
 #include "telemetry.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +21,10 @@ bool telem_open(telem *t, const char *path, tr_model *m) {
     t->model = m;
     t->t0 = now_ms();
     if (path) {
+        t->path = path;
         t->f = fopen(path, "w");
         if (!t->f) {
-            cli_error("cannot write the telemetry file %s", path);
+            cli_error("cannot write the telemetry file %s: %s", path, strerror(errno));
             return false;
         }
     }
@@ -55,7 +57,8 @@ static void put_status(telem *t, const char *s) {
     fflush(stderr);
 }
 
-void telem_close(telem *t) {
+bool telem_close(telem *t) {
+    bool ok = true;
     if (t->status) {
         if (t->rows) {
             fflush(stdout);
@@ -65,13 +68,22 @@ void telem_close(telem *t) {
         }
         fflush(stderr);
     }
-    if (t->f) fclose(t->f);
+    if (t->f) {
+        errno = 0;
+        const bool bad = ferror(t->f);
+        if (fclose(t->f) != 0 || bad) {
+            cli_error("cannot write the telemetry file %s: %s", t->path,
+                      strerror(errno ? errno : EIO));
+            ok = false;
+        }
+    }
     t->f = NULL;
     t->status = false;
     t->rows = 0;
+    return ok;
 }
 
-void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const gen_sink_info *info) {
+bool telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const gen_sink_info *info) {
     const double now = now_ms();
     /* decode rate over the last second (a ring of recent token times) */
     t->times[t->n_times % TELEM_WINDOW] = now;
@@ -97,6 +109,7 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
     const uint64_t lookups = st.expert_hits + st.expert_misses;
     const double hit = lookups ? (double)st.expert_hits / (double)lookups : 0.0;
     if (t->f) {
+        errno = 0; /* whichever write of the line fails first sets it */
         fprintf(t->f,
                 "{\"token\": %d, \"id\": %d, \"t_ms\": %.3f, \"tok_s\": %.3f, \"ttft_ms\": %.3f, "
                 "\"rss_mb\": %.1f, \"hit_rate\": %.5f, \"expert_hits\": %llu, \"expert_misses\": %llu, "
@@ -114,36 +127,22 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                 (unsigned long long)st.prefetch_wasted_bytes, (double)st.expert_policy_ns / 1e6,
                 (unsigned long long)st.protected_evictions);
         if (t->sess) {
-            tr_session_kv_stats kv;
+            tr_kv_stats kv;
             tr_session_get_kv_stats(t->sess, &kv);
-            fprintf(t->f,
-                    ", \"kv_policy\": \"%s\", \"kv_tokens\": %lld, \"kv_hot_bytes\": %llu, "
-                    "\"kv_cold_bytes\": %llu, \"kv_selected\": %llu, \"kv_bytes_read\": %llu, "
-                    "\"kv_score_ms\": %.3f, \"kv_attn_ms\": %.3f, \"kv_promotions\": %llu, "
-                    "\"kv_demotions\": %llu, \"kv_pingpong\": %llu, \"kv_migrated_bytes\": %llu, "
-                    "\"kv_hot_hit_rate\": %.5f, \"kv_agent_score_bytes\": %llu, "
-                    "\"kv_agent_row_bytes\": %llu, \"kv_beta\": %.4f, \"kv_beta_split\": %.4f, "
-                    "\"kv_f_c\": %.0f, "
-                    "\"kv_f_s\": %.0f, \"kv_b_c\": %.0f, \"kv_b_s\": %.0f, \"kv_tail_share\": %.5f, "
-                    "\"kv_tail_kept\": %.5f, \"kv_spec_rows\": %llu, \"kv_spec_early\": %llu, "
-                    "\"kv_spec_cos\": %.4f, \"kv_sel_repeat\": %.4f",
-                    kv.policy, (long long)kv.tokens, (unsigned long long)kv.hot_bytes,
-                    (unsigned long long)kv.cold_bytes, (unsigned long long)kv.selected,
-                    (unsigned long long)kv.bytes_read, kv.score_ms, kv.attn_ms,
-                    (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
-                    (unsigned long long)kv.pingpong, (unsigned long long)kv.migrated_bytes,
-                    kv.sel_hot + kv.sel_cold
-                        ? (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold)
-                        : 0.0,
-                    (unsigned long long)kv.csd_score_bytes, (unsigned long long)kv.csd_row_bytes,
-                    kv.beta, kv.beta_split, kv.f_c, kv.f_s, kv.b_c, kv.b_s, kv.tail_share,
-                    kv.tail_kept, (unsigned long long)kv.spec_rows,
-                    (unsigned long long)kv.spec_early, kv.spec_cos, kv.sel_repeat);
+            char buf[2048];
+            tr_kv_stats_format(&kv, TR_KV_STATS_JSON, NULL, buf, sizeof buf);
+            fprintf(t->f, ", %s", buf);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
-        fputs("}\n", t->f);
+        if (fputs("}\n", t->f) == EOF || ferror(t->f)) {
+            cli_error("cannot write the telemetry file %s: %s", t->path,
+                      strerror(errno ? errno : EIO));
+            fclose(t->f); /* the error is reported; close does not report it again */
+            t->f = NULL;
+            return false;
+        }
     }
-    if (!t->status || now - t->last_status < 250.0) return;
+    if (!t->status || now - t->last_status < 250.0) return true;
     t->last_status = now;
     t->shown = true;
     char line[256];
@@ -160,4 +159,5 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
     }
     snprintf(line + o, sizeof line - (size_t)o, " | majflt %ld", ru.ru_majflt);
     put_status(t, line);
+    return true;
 }

@@ -122,7 +122,7 @@ struct tr_model {
     int32_t pred[256];
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
-    char warning[512];
+    char warning[1024];
     tr_expert_budget_plan plan; /* how an auto budget was chosen */
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
     void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */
