@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "terrace.h"
 #include "testutil.h"
@@ -120,6 +121,71 @@ int main(int argc, char **argv) {
     tr_session *huge = NULL;
     TU_CHECK(tr_session_create(m, &sp, &huge, &err) != TR_OK, "absurd context accepted");
     printf("  errors: %s\n", err.msg);
+
+    /* --kv-policy auto (the default): full while the KV fits its share (here --kv-hot, the
+     * share when given), else tiered with a cold pool under $XDG_CACHE_HOME/terrace, whose
+     * files go when the session ends; the prefill attends exactly, so the logits are full's;
+     * a share too small for even the smallest tiered plan is refused naming the budget */
+    {
+        char xdg[] = "/tmp/terrace-test-xdg.XXXXXX";
+        TU_CHECK(mkdtemp(xdg) != NULL, "mkdtemp");
+        setenv("XDG_CACHE_HOME", xdg, 1);
+        tr_session_params ap = tr_session_default_params();
+        ap.n_ctx = 64;
+        TU_CHECK(ap.kv.policy == TR_KV_AUTO, "auto is not the default KV policy");
+        tr_session *x = NULL;
+        TU_CHECK(tr_session_create(m, &ap, &x, &err) == TR_OK && x, "auto: %s", err.msg);
+        TU_CHECK(x && tr_session_kv_policy(x) == TR_KV_FULL && strstr(tr_session_kv_note(x), "full"),
+                 "auto with room: policy %d, '%s'", x ? (int)tr_session_kv_policy(x) : -1,
+                 x ? tr_session_kv_note(x) : "");
+        tr_session_free(x);
+        int spilled = 0, refused = 0;
+        for (uint64_t share = 64u << 20; share >= 1024; share /= 2) {
+            ap.kv.hot_bytes = share;
+            x = NULL;
+            const tr_status st = tr_session_create(m, &ap, &x, &err);
+            if (st) {
+                TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "--mem-budget"),
+                         "auto, share %llu: %d %s", (unsigned long long)share, (int)st, err.msg);
+                refused++;
+                break;
+            }
+            if (tr_session_kv_policy(x) == TR_KV_TIERED && !spilled) {
+                spilled++;
+                const char *note = tr_session_kv_note(x);
+                TU_CHECK(strstr(note, "tiered") && strstr(note, xdg) && strstr(note, "removed at exit"),
+                         "auto spill note: %s", note);
+                printf("  %s\n", note);
+                float *lt = malloc(sizeof(float) * N * nv);
+                TU_CHECK(tr_session_eval(x, toks, N, lt, true, &err) == TR_OK, "%s", err.msg);
+                const float dt = max_diff(la, lt, (size_t)N * nv);
+                tr_kv_stats ks;
+                tr_session_get_kv_stats(x, &ks);
+                printf("  auto spilled (hot %.1f KiB): prefill max |dlogit| to full %.2e, read %llu "
+                       "bytes (bound %llu)\n", share / 1024.0, dt,
+                       (unsigned long long)ks.prefill_bytes_read,
+                       (unsigned long long)ks.prefill_read_bound);
+                TU_CHECK(dt < TOL && ks.cold_bytes > 0 && ks.prefill_chunks == 1 &&
+                             ks.prefill_bytes_read <= ks.prefill_read_bound,
+                         "auto spilled: |dlogit| %g, cold %llu, %llu chunks", dt,
+                         (unsigned long long)ks.cold_bytes, (unsigned long long)ks.prefill_chunks);
+                free(lt);
+                char sub[512];
+                snprintf(sub, sizeof sub, "%s/terrace", xdg);
+                tr_session_free(x);
+                x = NULL;
+                TU_CHECK(rmdir(sub) == 0, "auto's cold pool left files in %s", sub);
+            }
+            tr_session_free(x);
+        }
+        TU_CHECK(spilled == 1 && refused == 1, "auto: spilled %d, refused %d", spilled, refused);
+        printf("  auto, share too small: %s\n", err.msg);
+        char sub[512];
+        snprintf(sub, sizeof sub, "%s/terrace", xdg);
+        rmdir(sub);
+        rmdir(xdg);
+        unsetenv("XDG_CACHE_HOME");
+    }
 
     for (int s = 0; s < 3; s++) tr_session_free(seq[s]);
     tr_session_free(a);

@@ -599,7 +599,7 @@ static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *er
 /* what the memory budget is when the user did not say: the memory cgroup's limit if one is set
  * (page cache counts against it, and that is where "bigger than memory" runs live), else
  * MemAvailable */
-static uint64_t auto_mem_budget(void) {
+static uint64_t auto_mem_budget(const char **source) {
     uint64_t limit = 0;
     FILE *f = fopen("/proc/self/cgroup", "r");
     if (f) {
@@ -627,7 +627,11 @@ static uint64_t auto_mem_budget(void) {
             if (!strcmp(key, "MemAvailable:")) avail = (uint64_t)kb * 1024;
         fclose(f);
     }
-    if (limit && (!avail || limit < avail)) return limit;
+    if (limit && (!avail || limit < avail)) {
+        *source = "the memory cgroup's limit";
+        return limit;
+    }
+    *source = "MemAvailable";
     return avail;
 }
 
@@ -682,7 +686,7 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
     }
     if (budget == TR_EXPERT_CACHE_MIN) budget = min_budget;
     if (!budget) {
-        const uint64_t mem = p->mem_budget_bytes ? p->mem_budget_bytes : auto_mem_budget();
+        const uint64_t mem = m->mem_cap;
         /* leave the dense weights, a default session (KV + scratch) and headroom for the
          * process and the kernel's own pages (code, page tables): a cgroup near its limit
          * reclaims, and reclaim stalls cost more than a smaller cache */
@@ -800,6 +804,9 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     }
     m->dense_bytes = m->weight_bytes - m->expert_total_bytes;
     m->expert_prefetch = p.expert_prefetch;
+    /* the memory budget the expert cache and --kv-policy auto share */
+    m->mem_source = "--mem-budget";
+    m->mem_cap = p.mem_budget_bytes ? p.mem_budget_bytes : auto_mem_budget(&m->mem_source);
     if (m->hp.n_expert > 0 && p.experts == TR_EXPERTS_CACHE && (s = setup_experts(m, &p, err)))
         goto fail;
     m->kern = tr_kernels_best();

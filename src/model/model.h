@@ -121,6 +121,8 @@ struct tr_model {
     int32_t pred[256];
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
+    uint64_t mem_cap;       /* the memory budget: --mem-budget, else auto (mem_source says which) */
+    const char *mem_source;
     char warning[1024];
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
     void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */

@@ -122,6 +122,16 @@ def main():
         expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
                                             "--kv-tail", "4"], 2,
                ["--kv-tail applies to --kv-policy tiered", "the policy is quest"])
+        expect("auto: budget too small", ["run", "-m", good, "-p", "x", "--mem-budget", "1M"], 1,
+               ["kv cache auto", "--mem-budget", "lower -c"])
+        # auto spills past its share (--kv-hot) into $XDG_CACHE_HOME/terrace and says so; the
+        # cold pool's files go at exit
+        os.environ["XDG_CACHE_HOME"] = p("xdg")
+        expect("auto spills and says so", ["run", "-m", good, "-p", "x y z", "-n", "2", "-c", "256",
+                                           "--kv-hot", "64K"], 0,
+               ["kv cache auto", "tiered", p("xdg/terrace"), "removed at exit"])
+        check(os.listdir(p("xdg/terrace")) == [], "auto left files in its cold directory")
+        del os.environ["XDG_CACHE_HOME"]
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])
         expect("unknown command", ["frobnicate"], 2, ["unknown command"])
         expect("chat: no template", ["chat", "-m", good, "-p", "hi"], 1, ["--chat-template"])
