@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
         TU_CHECK(mkdtemp(xdg) != NULL, "mkdtemp");
         setenv("XDG_CACHE_HOME", xdg, 1);
         tr_session_params ap = tr_session_default_params();
-        ap.n_ctx = 64;
+        ap.n_ctx = 1024; /* a KV big against the cache's fixed costs (working set, key copy) */
         TU_CHECK(ap.kv.policy == TR_KV_AUTO, "auto is not the default KV policy");
         tr_session *x = NULL;
         TU_CHECK(tr_session_create(m, &ap, &x, &err) == TR_OK && x, "auto: %s", err.msg);
@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
                  x ? tr_session_kv_note(x) : "");
         tr_session_free(x);
         int spilled = 0, refused = 0;
-        for (uint64_t share = 64u << 20; share >= 1024; share /= 2) {
+        for (uint64_t share = 64u << 20; share >= 1024; share = share * 4 / 5) {
             ap.kv.hot_bytes = share;
             x = NULL;
             const tr_status st = tr_session_create(m, &ap, &x, &err);

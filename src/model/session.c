@@ -269,6 +269,14 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     if (!t.cold_dir) t.cold_dir = "."; /* sizing only */
     const uint64_t rec = (uint64_t)shape.n_head_kv * (uint64_t)(shape.head_dim_k + shape.head_dim_v) * 2;
     const uint64_t per_slot = (uint64_t)nl * rec;
+    /* the working set (one layer's gathered K/V, 64 MiB at most) from the share too: an eighth of
+     * it, at least 64 tokens (a list longer than it is attended in parts) */
+    if (!t.ws_bytes) {
+        uint64_t w = share / 8;
+        if (w > (64ull << 20)) w = 64ull << 20;
+        if (w < 64 * rec) w = 64 * rec;
+        t.ws_bytes = w;
+    }
     /* the largest hot pool whose plan fits: the plan grows with the hot pool */
     uint64_t lo = (uint64_t)kp.n_sink + 16, hi = (uint64_t)p->n_ctx - 1, best = 0;
     while (lo <= hi) {
@@ -297,6 +305,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     }
     p->kv.policy = TR_KV_TIERED;
     p->kv.hot_bytes = best * per_slot;
+    p->kv.ws_bytes = t.ws_bytes;
     if (!p->kv.cold_dir) {
         if ((st = auto_cold_dir(dir, dir_cap, make_dir, err))) goto out;
         p->kv.cold_dir = dir;

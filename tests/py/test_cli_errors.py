@@ -127,8 +127,8 @@ def main():
         # auto spills past its share (--kv-hot) into $XDG_CACHE_HOME/terrace and says so; the
         # cold pool's files go at exit
         os.environ["XDG_CACHE_HOME"] = p("xdg")
-        expect("auto spills and says so", ["run", "-m", good, "-p", "x y z", "-n", "2", "-c", "256",
-                                           "--kv-hot", "64K"], 0,
+        expect("auto spills and says so", ["run", "-m", good, "-p", "x y z", "-n", "2", "-c", "2048",
+                                           "--kv-hot", "1500K"], 0,
                ["kv cache auto", "tiered", p("xdg/terrace"), "removed at exit"])
         check(os.listdir(p("xdg/terrace")) == [], "auto left files in its cold directory")
         del os.environ["XDG_CACHE_HOME"]
