@@ -62,7 +62,7 @@ static const flag k_flags[] = {
     {"--telemetry", F_TELEMETRY, true, "FILE JSON lines per token (tok/s, RSS, hit rate, I/O ...)"},
     {"--experts", F_EXPERTS, true, "cache|mmap  MoE: expert cache (default) or plain mmap"},
     {"--expert-cache", F_ECACHE, true, "SIZE|auto|min  MoE: expert cache budget (e.g. 2G)"},
-    {"--mem-budget", F_MEMBUDGET, true, "SIZE  memory for weights+cache (auto: cgroup limit or MemAvailable)"},
+    {"--mem-budget", F_MEMBUDGET, true, "SIZE  the memory budget: weights, expert cache, KV, scratch (auto: cgroup limit or MemAvailable); run --dry-run prints the plan"},
     {"--expert-policy", F_EPOLICY, true, "NAME  MoE: eviction policy (auto, lru, lfu, ...)"},
     {"--expert-prefetch", F_EPREFETCH, true, "N MoE: read N predicted experts of the next layer ahead"},
     {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
@@ -568,7 +568,7 @@ void print_plan(FILE *f, const tr_mem_plan *pl, const char *prefix) {
             mib_str(pl->kv_bytes, d, sizeof d), tr_kv_policy_name(pl->kv_policy),
             mib_str(pl->scratch_bytes, e, sizeof e), mib_str(pl->margin_bytes, g, sizeof g),
             mib_str(pl->total_bytes, h, sizeof h));
-    fprintf(f, "%splan         KV of %d tokens: %s in DRAM (every token hot: %s)%s%s; experts left on "
+    fprintf(f, "%splan         KV of %d tokens: hot in DRAM %s (every token hot: %s)%s%s; experts left on "
                "storage %s%s\n",
             prefix, pl->n_ctx, mib_str(pl->kv_hot_bytes, a, sizeof a),
             mib_str(pl->kv_full_bytes, b, sizeof b), pl->kv_cold_bytes ? ", cold pool on storage " : "",

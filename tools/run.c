@@ -32,11 +32,11 @@ int cmd_run(int argc, char **argv) {
         cli_error("run: give the prompt with -p or -f, not both");
         return CLI_EXIT_USAGE;
     }
-    if (!o.prompt && !o.prompt_file) {
+    if (!o.prompt && !o.prompt_file && !o.dry_run) {
         cli_error("run: no prompt (-p TEXT or -f FILE)");
         return CLI_EXIT_USAGE;
     }
-    if (!o.prompt_file) plen = strlen(prompt);
+    if (!o.prompt_file && prompt) plen = strlen(prompt);
 
     int rc = CLI_EXIT_ERROR;
     loaded ld;

@@ -214,6 +214,26 @@ static tr_status auto_cold_dir(char *dir, size_t cap, bool make, tr_error *err) 
     return TR_OK;
 }
 
+/* what no estimate sees (code, thread stacks, allocator slack, the kernel's pages charged to a
+ * cgroup): 5 % of the cap, at least 16 MiB, at most 10 % */
+static uint64_t plan_margin(uint64_t cap) {
+    uint64_t margin = cap / 20;
+    if (margin < (16u << 20)) margin = 16u << 20;
+    if (margin > cap / 10) margin = cap / 10;
+    return margin;
+}
+
+/* the least cap whose margin leaves `need` */
+static uint64_t min_cap(uint64_t need) {
+    uint64_t lo = need, hi = 2 * need + (32u << 20);
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        if (mid - plan_margin(mid) >= need) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 /* --kv-policy auto: full while its KV fits the share of the memory budget the weights, the
  * scratch and a margin leave (--kv-hot, when given, is that share); else tiered with the largest
  * hot pool whose whole plan (hot pool, working set, key copy, bookkeeping) fits the share */
@@ -233,9 +253,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     tr_model_get_stats((tr_model *)m, &ms);
     const uint64_t weights = ms.moe && ms.expert_cache ? m->dense_bytes + ms.expert_budget_bytes
                                                        : m->weight_bytes;
-    uint64_t margin = m->mem_cap / 20;
-    if (margin < (16u << 20)) margin = 16u << 20;
-    if (margin > m->mem_cap / 10) margin = m->mem_cap / 10;
+    const uint64_t margin = plan_margin(m->mem_cap);
     const uint64_t used = weights + scratch + margin;
     const uint64_t share = kp.hot_bytes ? kp.hot_bytes : m->mem_cap > used ? m->mem_cap - used : 0;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
@@ -293,14 +311,16 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     if (!best) {
         t.hot_bytes = ((uint64_t)kp.n_sink + 16) * per_slot;
         const uint64_t min = tr_kv_dram_bytes(&shape, &t);
+        char b8[32];
         st = tr_fail(err, TR_E_BUDGET,
                      "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
                      "cold pool; %s leaves %s (memory budget %s from %s - weights %s - scratch %s "
-                     "- margin %s): raise --mem-budget or lower -c",
+                     "- margin %s): the least --mem-budget for this context is %s; raise "
+                     "--mem-budget or lower -c",
                      p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2), why,
                      mib(share, b3, sizeof b3), mib(m->mem_cap, b4, sizeof b4), m->mem_source,
                      mib(weights, b5, sizeof b5), mib(scratch, b6, sizeof b6),
-                     mib(margin, b7, sizeof b7));
+                     mib(margin, b7, sizeof b7), mib(min_cap(weights + scratch + min), b8, sizeof b8));
         goto out;
     }
     p->kv.policy = TR_KV_TIERED;
@@ -326,6 +346,19 @@ planned: {
     pl->kv_cold_bytes = tr_kv_cold_bytes_needed(&shape, &r);
     pl->total_bytes = pl->weight_bytes + pl->expert_cache_bytes + pl->kv_bytes + pl->scratch_bytes +
                       pl->margin_bytes;
+    /* a budget the user gave is a promise: a plan over it is refused (an estimated cap, from the
+     * cgroup or MemAvailable, only shows the plan as over it) */
+    if (pl->total_bytes > m->mem_cap && !strcmp(m->mem_source, "--mem-budget")) {
+        char c1[32], c2[32];
+        st = tr_fail(err, TR_E_BUDGET,
+                     "--mem-budget %s cannot hold the plan: weights %s + KV %s (%s, %d tokens) + "
+                     "scratch %s + margin = %s; the least --mem-budget for it is %s (or lower -c, "
+                     "or let the KV spill: --kv-policy auto, or a smaller --kv-hot)",
+                     mib(m->mem_cap, b1, sizeof b1), mib(pl->weight_bytes + pl->expert_cache_bytes, b2, sizeof b2),
+                     mib(pl->kv_bytes, b3, sizeof b3), tr_kv_policy_name(pl->kv_policy), p->n_ctx,
+                     mib(pl->scratch_bytes, b4, sizeof b4), mib(pl->total_bytes, c1, sizeof c1),
+                     mib(min_cap(pl->total_bytes - pl->margin_bytes), c2, sizeof c2));
+    }
 }
 out:
     free(heads);
