@@ -214,21 +214,12 @@ static tr_status auto_cold_dir(char *dir, size_t cap, bool make, tr_error *err) 
     return TR_OK;
 }
 
-/* what no estimate sees (code, thread stacks, allocator slack, the kernel's pages charged to a
- * cgroup): 5 % of the cap, at least 16 MiB, at most 10 % */
-static uint64_t plan_margin(uint64_t cap) {
-    uint64_t margin = cap / 20;
-    if (margin < (16u << 20)) margin = 16u << 20;
-    if (margin > cap / 10) margin = cap / 10;
-    return margin;
-}
-
 /* the least cap whose margin leaves `need` */
 static uint64_t min_cap(uint64_t need) {
     uint64_t lo = need, hi = 2 * need + (32u << 20);
     while (lo < hi) {
         const uint64_t mid = lo + (hi - lo) / 2;
-        if (mid - plan_margin(mid) >= need) hi = mid;
+        if (mid - tr_mem_margin(mid) >= need) hi = mid;
         else lo = mid + 1;
     }
     return lo;
@@ -253,7 +244,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     tr_model_get_stats((tr_model *)m, &ms);
     const uint64_t weights = ms.moe && ms.expert_cache ? m->dense_bytes + ms.expert_budget_bytes
                                                        : m->weight_bytes;
-    const uint64_t margin = plan_margin(m->mem_cap);
+    const uint64_t margin = tr_mem_margin(m->mem_cap);
     const uint64_t used = weights + scratch + margin;
     const uint64_t share = kp.hot_bytes ? kp.hot_bytes : m->mem_cap > used ? m->mem_cap - used : 0;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
