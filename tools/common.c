@@ -431,6 +431,19 @@ double now_ms(void) {
 }
 
 double peak_rss_mib(void) {
+    /* VmHWM is this process's own high-water mark; getrusage's ru_maxrss also keeps the parent's
+     * from before exec (a Python harness's ~80 MiB would hide a small model's peak) */
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (double)kb / 1024.0;
+            }
+        fclose(f);
+    }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss / 1024.0;

@@ -303,15 +303,23 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
         t.hot_bytes = ((uint64_t)kp.n_sink + 16) * per_slot;
         const uint64_t min = tr_kv_dram_bytes(&shape, &t);
         char b8[32];
-        st = tr_fail(err, TR_E_BUDGET,
-                     "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
-                     "cold pool; %s leaves %s (memory budget %s from %s - weights %s - scratch %s "
-                     "- margin %s): the least --mem-budget for this context is %s; raise "
-                     "--mem-budget or lower -c",
-                     p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2), why,
-                     mib(share, b3, sizeof b3), mib(m->mem_cap, b4, sizeof b4), m->mem_source,
-                     mib(weights, b5, sizeof b5), mib(scratch, b6, sizeof b6),
-                     mib(margin, b7, sizeof b7), mib(min_cap(weights + scratch + min), b8, sizeof b8));
+        if (kp.hot_bytes)
+            st = tr_fail(err, TR_E_BUDGET,
+                         "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
+                         "cold pool; --kv-hot gives it %s: raise --kv-hot or lower -c (without "
+                         "--kv-hot the share is what --mem-budget leaves)",
+                         p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2),
+                         mib(share, b3, sizeof b3));
+        else
+            st = tr_fail(err, TR_E_BUDGET,
+                         "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
+                         "cold pool; %s leaves %s (memory budget %s from %s - weights %s - scratch %s "
+                         "- margin %s): the least --mem-budget for this context is %s; raise "
+                         "--mem-budget or lower -c",
+                         p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2), why,
+                         mib(share, b3, sizeof b3), mib(m->mem_cap, b4, sizeof b4), m->mem_source,
+                         mib(weights, b5, sizeof b5), mib(scratch, b6, sizeof b6),
+                         mib(margin, b7, sizeof b7), mib(min_cap(weights + scratch + min), b8, sizeof b8));
         goto out;
     }
     p->kv.policy = TR_KV_TIERED;
