@@ -60,7 +60,7 @@ MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include
 SONAME  := libterrace.so.$(MAJOR)
 
 .PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-kv \
-        bench-kv-quality bench-replay bench-kernels cross-aarch64 aarch64 bench-expert bench-aarch64-emulated fuzz fuzz-build fuzz-jinja format
+        bench-kv-quality bench-long bench-plan bench-replay bench-kernels cross-aarch64 aarch64 bench-expert bench-aarch64-emulated fuzz fuzz-build fuzz-jinja format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
@@ -188,6 +188,13 @@ bench-kv: deps all $(BUILD)/bench/bench_kv
 	@bash bench/bench_kv.sh $(KV_SCENARIOS)
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
+# the user's long-context path: prefill + 128 decoded tokens per KV policy, and the memory plan
+# against the peak RSS (results: bench/results/long.md)
+bench-long: deps all
+	.venv/bin/python3 bench/bench_long.py smollm2-8k qwen2-16k qwen2-32k
+bench-plan: deps all
+	.venv/bin/python3 bench/plan_rss.py --qwen2
+
 bench-kv-quality: deps all
 	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
 	.venv/bin/python3 bench/kv_quality.py smollm2 qwen2

@@ -55,6 +55,7 @@ int cmd_bench(int argc, char **argv) {
         cli_error("%s", err.msg);
         goto out;
     }
+    print_kv_note(s, o.verbose);
     toks = malloc(sizeof *toks * (size_t)(np > ng ? np : ng) + 4);
     tps = malloc(sizeof *tps * (size_t)o.reps);
     logits = malloc(sizeof *logits * (size_t)n_vocab);
