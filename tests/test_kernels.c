@@ -201,6 +201,16 @@ static double tolerance(tr_type t, int64_t n, double mag, float ref) {
     return (L + 5.0) * k_u * mag + k_u * fabs((double)ref);
 }
 
+/* The gemm kernels (kernels.h) keep one f32 accumulator per output across the row: for the
+ * float types a chain of n FMAs, for the quantized ones two terms per sub-block (the scaled
+ * integer dot and the min term; the K-quants sum a super-block's scaled dots first, one more
+ * rounding each), so L = n, or 2·n/sub, plus the final adds of K chunks. */
+static double tolerance_gemm(tr_type t, int64_t n, double mag, float ref) {
+    const double L = is_float_type(t) ? (double)n + 16.0
+                                      : 2.0 * (double)(n / tr_gemm_traits_of(t)->sub) + 16.0;
+    return (L + 5.0) * k_u * mag + k_u * fabs((double)ref);
+}
+
 /* ------------------------------------------------------------------------------- statistics */
 
 typedef struct {
@@ -586,12 +596,14 @@ static void check_quantizers(const tr_kernels *ref, const tr_kernels *fast, tu_r
 
 /* ------------------------------------------------------------------------------------ matmul */
 
+/* K 0: the default row length of the type (a few blocks) */
 static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *pool, int fam, int ti,
-                         int64_t N, int64_t M, tu_rng *r) {
+                         int64_t N, int64_t M, int64_t Kw, tu_rng *r) {
     const tr_type t = k_types[ti];
     const tr_type vt = tr_traits(t)->vec_dot_type;
     const int64_t blck = tr_type_block_elems(t);
-    const int64_t K = is_float_type(t) ? 133 : blck == 32 ? 7 * 32 : 2 * 256;
+    const int64_t K = Kw ? Kw : is_float_type(t) ? 133 : blck == 32 ? 7 * 32 : 2 * 256;
+    const bool gemm = k->gemm[t] && M >= k->gemm_min_m;
     const size_t rb = tr_type_row_bytes(t, K);
     uint8_t *wdata = malloc(rb * (size_t)N);
     for (int64_t i = 0; i < N; i++) fill_weights(r, t, wdata + (size_t)i * rb, K);
@@ -610,12 +622,15 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
             float want;
             ref->vec_dot[t](K, &want, wdata + (size_t)i * rb, aq);
             const double mag = magnitude(t, wdata + (size_t)i * rb, aq, K);
-            const double tol = tolerance(t, K, mag, want);
+            const double tol =
+                gemm ? tolerance_gemm(t, K, mag, want) : tolerance(t, K, mag, want);
             if (!within(&g_stat[fam][ti], y[m * N + i], want, tol, mag) && bad++ < 3)
                 TU_CHECK(false,
-                         "%s matmul %s threads=%d M=%lld N=%lld y[%lld][%lld] = %.9g, want %.9g",
-                         k->isa, tr_type_name(t), tr_pool_size(pool), (long long)M, (long long)N,
-                         (long long)m, (long long)i, y[m * N + i], want);
+                         "%s %s %s threads=%d M=%lld N=%lld K=%lld y[%lld][%lld] = %.9g, want "
+                         "%.9g (tol %.3g)",
+                         k->isa, gemm ? "gemm" : "matmul", tr_type_name(t), tr_pool_size(pool),
+                         (long long)M, (long long)N, (long long)K, (long long)m, (long long)i,
+                         y[m * N + i], want, tol);
         }
     }
     free(aq);
@@ -706,7 +721,24 @@ int main(void) {
             if (!fams[f]) continue;
             for (int ti = 0; ti < N_TYPES; ti++)
                 for (int si = 0; si < 5; si++)
-                    check_matmul(ref, fams[f], pool, f, ti, shapes[si][1], shapes[si][0], &r);
+                    check_matmul(ref, fams[f], pool, f, ti, shapes[si][1], shapes[si][0], 0, &r);
+        }
+        /* gemm (M >= gemm_min_m): every column tail of the micro-tiles (M = 16..31 covers
+         * nc = 1..12 after full tiles), row counts that end in a partial panel and a partial
+         * thread chunk, and rows longer than one panel's K (4096: two chunks, the last ragged
+         * for the 32-element types) */
+        static const int64_t gshapes[][3] = {
+            {16, 37, 0}, {19, 61, 0}, {27, 300, 0}, {31, 33, 0}, {17, 16, 4096 + 96}};
+        for (int f = 0; f < 3; f++) {
+            if (!fams[f] || !fams[f]->gemm_min_m || nth == 3) continue;
+            for (int ti = 0; ti < N_TYPES; ti++)
+                for (int si = 0; si < 5; si++) {
+                    const tr_type t = k_types[ti];
+                    int64_t K = gshapes[si][2];
+                    if (K && tr_type_block_elems(t) == 256) K = 4096 + 512;
+                    if (K && is_float_type(t)) K = 1024 + 133;
+                    check_matmul(ref, fams[f], pool, f, ti, gshapes[si][1], gshapes[si][0], K, &r);
+                }
         }
         tr_pool_free(pool);
     }

@@ -7,6 +7,7 @@
 
 #if defined(__x86_64__)
 
+#include "tensor/x86/gemm_x86.h"
 #include "tensor/x86/simd_common.h"
 #include "tensor/x86/ymm_float.h"
 #include "tensor/x86/ymm_kquants.h"
@@ -142,6 +143,7 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
     k->from_float[TR_TYPE_Q8_0] = avx2_quant_q8_0;
     k->from_float[TR_TYPE_Q8_K] = avx2_quant_q8_k;
     k->axpy_f16 = ymm_axpy_f16;
+    gm_fill(k);
 }
 
 #else

@@ -15,6 +15,7 @@
 
 #if defined(__x86_64__)
 
+#include "tensor/x86/gemm_x86.h"
 #include "tensor/x86/simd_common.h"
 #include "tensor/x86/ymm_float.h"
 #include "tensor/x86/ymm_kquants.h"
@@ -603,6 +604,7 @@ void tr_kernels_fill_avx512(tr_kernels *k) {
     k->vec_dot_side[TR_TYPE_Q5_1] = ymm_dot_side_q5_1;
     k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;
     k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
+    gm_fill(k);
 }
 
 #else
