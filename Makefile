@@ -13,7 +13,13 @@ PY      := .venv/bin/python3
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith \
            -Wvla -Wformat=2
 # -ffp-contract=off: no silent FMA contraction, so scalar kernels are bit-exact with ggml's
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno -Iinclude -Isrc $(WARN)
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno $(INC) $(WARN)
+# the library, its tests and benchmarks see src/; tools/ see the public header only (the CLI is
+# the API's first user), except the files named below until their subsystem has a public door
+INC = -Iinclude -Isrc
+TOOLS_INC = -Iinclude
+INC_tools/replay.c := -Isrc
+INC_tools/chat.c := -Isrc
 OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
@@ -36,19 +42,37 @@ FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512b
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
+$(CLI_OBJ): INC = $(TOOLS_INC) $(INC_$<)
+# one set of library objects serves libterrace.a and libterrace.so: position-independent, and
+# every symbol hidden unless include/terrace.h marks it TR_API
+$(LIB_OBJ): LIB_CFLAGS := -fPIC -fvisibility=hidden
 
-.PHONY: all lib cli test demo deps clean bench-kernels fuzz fuzz-build asan cross-aarch64 peer parity bench bench-moe bench-replay bench-kv-quality \
-        format check-format test-unit test-py test-hostile test-vocab test-fuzz-corpus
+# the version and the soname's major number come from the header
+VERSION := $(shell sed -n 's/^\#define TR_VERSION_STRING "\(.*\)"/\1/p' include/terrace.h)
+MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include/terrace.h)
+SONAME  := libterrace.so.$(MAJOR)
 
-all: $(BUILD)/terrace $(BUILD)/terrace-storaged
+.PHONY: all test demo deps clean peer parity bench bench-moe bench-kv bench-kv-quality bench-replay \
+        bench-kernels cross-aarch64 fuzz fuzz-build format
+
+all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(FLAGS_$<) -MMD -MP -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(LIB_CFLAGS) $(FLAGS_$<) -MMD -MP -c $< -o $@
 
 $(BUILD)/libterrace.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# the shared library: libterrace.so.<version>, its soname libterrace.so.<major> and the link-time
+# name libterrace.so as symlinks; --no-undefined so a missing library shows here, not in an app
+$(BUILD)/libterrace.so.$(VERSION): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined -o $@ $^ $(LDLIBS)
+
+$(BUILD)/$(SONAME): $(BUILD)/libterrace.so.$(VERSION)
+	ln -sf libterrace.so.$(VERSION) $@
+	ln -sf $(SONAME) $(BUILD)/libterrace.so
 
 $(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
 	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libterrace.a $(CLI_LIBS) $(LDLIBS)
@@ -100,10 +124,12 @@ bench-moe: deps all peer
 	@bash bench/bench_moe.sh
 
 # KV decode step, offload vs tiered (and h2o, quest), 7B-like attention, most KV on disk, in a
-# capped cgroup (root; results: bench/results/kv.md)
+# capped cgroup (root). KV_SCENARIOS: bench/bench_kv.sh's scenarios (main, agent, spec, tail-cost,
+# beta, persist, batch, paired); results: bench/results/kv-<scenarios>.md, findings in kv.md
+KV_SCENARIOS ?= main
 bench-kv: deps all $(BUILD)/bench/bench_kv
 	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
-	@bash bench/bench_kv.sh
+	@bash bench/bench_kv.sh $(KV_SCENARIOS)
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
 bench-kv-quality: deps all

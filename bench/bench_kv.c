@@ -515,9 +515,9 @@ int main(int argc, char **argv) {
                (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.beta_split, fin.f_c, fin.f_s, fin.b_c,
                fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos, host_keys,
                r.sel_follow > 0 ? r.sel_repeat / r.sel_follow : 0.0,
-               /* BKP's hit counters: 2 since 2026-11-30's tenth session (TR_KV_HIT per
-                * selection, an eighth off every step), 1 before (one per selection, halved every
-                * 32 steps) */
+               /* which BKP hit counters made the row (kv.md's tables hold rows of both): 2 adds
+                * TR_KV_HIT per selection and takes an eighth off every step, 1 added one per
+                * selection and halved them every 32 steps */
                TR_KV_HIT > 1 ? 2 : 1);
         fflush(stdout);
     }

@@ -16,7 +16,23 @@
 extern "C" {
 #endif
 
+/* The library's version; TR_VERSION_MAJOR is the shared library's soname version
+ * (libterrace.so.<major>), raised when the ABI changes incompatibly. */
+#define TR_VERSION_MAJOR 0
+#define TR_VERSION_MINOR 1
+#define TR_VERSION_PATCH 0
 #define TR_VERSION_STRING "0.1.0"
+
+/* Marks what the shared library exports; it is built with -fvisibility=hidden, so a function
+ * declared here without TR_API is not reachable from libterrace.so (the install test checks). */
+#if defined(__GNUC__) || defined(__clang__)
+#define TR_API __attribute__((visibility("default")))
+#else
+#define TR_API
+#endif
+
+/* the version of the library actually linked ("0.1.0"), to compare with TR_VERSION_STRING */
+TR_API const char *tr_version(void);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Status and errors                                                                              */
@@ -30,6 +46,7 @@ typedef enum tr_status {
     TR_E_NOMEM,       /* allocation failed */
     TR_E_BUDGET,      /* a configured byte budget cannot hold what is needed */
     TR_E_INTERNAL,    /* a bug: an invariant did not hold */
+    TR_E_ABORTED,     /* the caller's abort callback asked to stop (tr_session_set_abort) */
 } tr_status;
 
 typedef struct tr_error {
@@ -37,7 +54,7 @@ typedef struct tr_error {
     char msg[1024];
 } tr_error;
 
-const char *tr_status_name(tr_status s);
+TR_API const char *tr_status_name(tr_status s);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tensor types (ids are ggml's, as stored in GGUF files)                                         */
@@ -82,16 +99,16 @@ typedef enum tr_type {
 } tr_type;
 
 /* true if `id` names a type whose block layout terrace knows (it can size and skip such tensors) */
-bool tr_type_known(uint32_t id);
+TR_API bool tr_type_known(uint32_t id);
 /* true if terrace can dequantize and multiply tensors of this type */
-bool tr_type_supported(tr_type t);
-const char *tr_type_name(tr_type t);     /* "Q4_K"; "?" for an unknown id */
-int64_t tr_type_block_elems(tr_type t);  /* elements per block (1 for F32/F16/BF16) */
-size_t tr_type_block_bytes(tr_type t);   /* bytes per block */
+TR_API bool tr_type_supported(tr_type t);
+TR_API const char *tr_type_name(tr_type t);     /* "Q4_K"; "?" for an unknown id */
+TR_API int64_t tr_type_block_elems(tr_type t);  /* elements per block (1 for F32/F16/BF16) */
+TR_API size_t tr_type_block_bytes(tr_type t);   /* bytes per block */
 /* bytes of a row of n elements; n must be a multiple of the block size */
-size_t tr_type_row_bytes(tr_type t, int64_t n);
+TR_API size_t tr_type_row_bytes(tr_type t, int64_t n);
 /* dequantize n elements (a multiple of the block size) of a supported type to f32 */
-tr_status tr_dequantize(tr_type t, const void *src, float *dst, int64_t n, tr_error *err);
+TR_API tr_status tr_dequantize(tr_type t, const void *src, float *dst, int64_t n, tr_error *err);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* GGUF files                                                                                     */
@@ -137,69 +154,71 @@ typedef struct tr_tensor_info {
  * fully validated: every count, length, dimension, type id and offset is checked against the file
  * size and against overflow before use. Tensor data is not touched until asked for.
  */
-tr_status tr_gguf_open(const char *path, tr_gguf **out, tr_error *err);
-void tr_gguf_close(tr_gguf *g);
+TR_API tr_status tr_gguf_open(const char *path, tr_gguf **out, tr_error *err);
+TR_API void tr_gguf_close(tr_gguf *g);
 
-uint32_t tr_gguf_version(const tr_gguf *g);
-uint32_t tr_gguf_alignment(const tr_gguf *g);
-uint32_t tr_gguf_n_shards(const tr_gguf *g);
-const char *tr_gguf_shard_path(const tr_gguf *g, uint32_t shard);
-uint64_t tr_gguf_shard_size(const tr_gguf *g, uint32_t shard);
-uint64_t tr_gguf_data_offset(const tr_gguf *g, uint32_t shard); /* DATA_START of that shard */
+TR_API uint32_t tr_gguf_version(const tr_gguf *g);
+TR_API uint32_t tr_gguf_alignment(const tr_gguf *g);
+TR_API uint32_t tr_gguf_n_shards(const tr_gguf *g);
+TR_API const char *tr_gguf_shard_path(const tr_gguf *g, uint32_t shard);
+TR_API uint64_t tr_gguf_shard_size(const tr_gguf *g, uint32_t shard);
+/* DATA_START of that shard */
+TR_API uint64_t tr_gguf_data_offset(const tr_gguf *g, uint32_t shard);
 
 /* metadata (key/values of the first shard; split bookkeeping keys included) */
-int64_t tr_gguf_n_kv(const tr_gguf *g);
-int64_t tr_gguf_find_key(const tr_gguf *g, const char *key); /* index or -1 */
-const char *tr_gguf_key(const tr_gguf *g, int64_t i);
-tr_gguf_vtype tr_gguf_kv_type(const tr_gguf *g, int64_t i);
-tr_gguf_vtype tr_gguf_arr_type(const tr_gguf *g, int64_t i); /* element type of an array */
-uint64_t tr_gguf_arr_len(const tr_gguf *g, int64_t i);
-const void *tr_gguf_arr_data(const tr_gguf *g, int64_t i);    /* numeric arrays: packed LE values */
-tr_str tr_gguf_arr_str(const tr_gguf *g, int64_t i, uint64_t j);
-tr_str tr_gguf_get_str(const tr_gguf *g, int64_t i);
+TR_API int64_t tr_gguf_n_kv(const tr_gguf *g);
+TR_API int64_t tr_gguf_find_key(const tr_gguf *g, const char *key); /* index or -1 */
+TR_API const char *tr_gguf_key(const tr_gguf *g, int64_t i);
+TR_API tr_gguf_vtype tr_gguf_kv_type(const tr_gguf *g, int64_t i);
+TR_API tr_gguf_vtype tr_gguf_arr_type(const tr_gguf *g, int64_t i); /* element type of an array */
+TR_API uint64_t tr_gguf_arr_len(const tr_gguf *g, int64_t i);
+/* numeric arrays: packed LE values */
+TR_API const void *tr_gguf_arr_data(const tr_gguf *g, int64_t i);
+TR_API tr_str tr_gguf_arr_str(const tr_gguf *g, int64_t i, uint64_t j);
+TR_API tr_str tr_gguf_get_str(const tr_gguf *g, int64_t i);
 /* integer/bool scalar of any width, converted; false if the value is not an integer or bool
  * or does not fit */
-bool tr_gguf_get_int(const tr_gguf *g, int64_t i, int64_t *out);
+TR_API bool tr_gguf_get_int(const tr_gguf *g, int64_t i, int64_t *out);
 /* unsigned integer scalar of any width (negative values refused) */
-bool tr_gguf_get_u64(const tr_gguf *g, int64_t i, uint64_t *out);
+TR_API bool tr_gguf_get_u64(const tr_gguf *g, int64_t i, uint64_t *out);
 /* f32 or f64 scalar (integers are accepted too) */
-bool tr_gguf_get_float(const tr_gguf *g, int64_t i, double *out);
+TR_API bool tr_gguf_get_float(const tr_gguf *g, int64_t i, double *out);
 /* helpers by key name */
-bool tr_gguf_kv_int(const tr_gguf *g, const char *key, int64_t *out);
-bool tr_gguf_kv_float(const tr_gguf *g, const char *key, double *out);
-bool tr_gguf_kv_str(const tr_gguf *g, const char *key, tr_str *out);
-const char *tr_gguf_vtype_name(tr_gguf_vtype t);
+TR_API bool tr_gguf_kv_int(const tr_gguf *g, const char *key, int64_t *out);
+TR_API bool tr_gguf_kv_float(const tr_gguf *g, const char *key, double *out);
+TR_API bool tr_gguf_kv_str(const tr_gguf *g, const char *key, tr_str *out);
+TR_API const char *tr_gguf_vtype_name(tr_gguf_vtype t);
 
 /* tensors (over all shards, in file order) */
-int64_t tr_gguf_n_tensors(const tr_gguf *g);
-int64_t tr_gguf_find_tensor(const tr_gguf *g, const char *name); /* index or -1 */
-const tr_tensor_info *tr_gguf_tensor(const tr_gguf *g, int64_t i);
+TR_API int64_t tr_gguf_n_tensors(const tr_gguf *g);
+TR_API int64_t tr_gguf_find_tensor(const tr_gguf *g, const char *name); /* index or -1 */
+TR_API const tr_tensor_info *tr_gguf_tensor(const tr_gguf *g, int64_t i);
 
 /* Map every shard read-only (idempotent). After this, tr_gguf_tensor_data returns pointers. */
-tr_status tr_gguf_map(tr_gguf *g, tr_error *err);
-const void *tr_gguf_tensor_data(const tr_gguf *g, int64_t i); /* NULL unless mapped */
+TR_API tr_status tr_gguf_map(tr_gguf *g, tr_error *err);
+TR_API const void *tr_gguf_tensor_data(const tr_gguf *g, int64_t i); /* NULL unless mapped */
 /* Read `len` bytes starting `off` bytes into tensor i into dst with pread; a short read (file
  * truncated under us) or an I/O error is reported, never silently returned. */
-tr_status tr_gguf_read(const tr_gguf *g, int64_t i, uint64_t off, void *dst, uint64_t len,
-                       tr_error *err);
+TR_API tr_status tr_gguf_read(const tr_gguf *g, int64_t i, uint64_t off, void *dst, uint64_t len,
+                              tr_error *err);
 /* File descriptor of a shard, for callers that issue their own reads (O_RDONLY, buffered). */
-int tr_gguf_shard_fd(const tr_gguf *g, uint32_t shard);
+TR_API int tr_gguf_shard_fd(const tr_gguf *g, uint32_t shard);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* CPU and threads                                                                                */
 
 /* Name of the kernel family chosen at start-up from CPU features: "avx512", "avx2" or "scalar".
  * The environment variable TERRACE_ISA=scalar|avx2|avx512 lowers the choice (for tests). */
-const char *tr_cpu_isa(void);
+TR_API const char *tr_cpu_isa(void);
 /* Physical cores available to this process (at least 1). */
-int tr_cpu_physical_cores(void);
+TR_API int tr_cpu_physical_cores(void);
 
 typedef struct tr_pool tr_pool;
 /* A persistent pool of n_threads workers (the caller counts as one). n_threads <= 0 means the
  * number of physical cores. Threads are created here once, never per call. */
-tr_status tr_pool_create(int n_threads, tr_pool **out, tr_error *err);
-void tr_pool_free(tr_pool *p);
-int tr_pool_size(const tr_pool *p);
+TR_API tr_status tr_pool_create(int n_threads, tr_pool **out, tr_error *err);
+TR_API void tr_pool_free(tr_pool *p);
+TR_API int tr_pool_size(const tr_pool *p);
 
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -238,23 +257,23 @@ typedef struct tr_model_params {
     int io_threads;              /* expert I/O workers (<= 0: 4) */
 } tr_model_params;
 
-tr_model_params tr_model_default_params(void);
-tr_status tr_model_load(const char *path, const tr_model_params *params, tr_model **out,
-                        tr_error *err);
-void tr_model_free(tr_model *m);
+TR_API tr_model_params tr_model_default_params(void);
+TR_API tr_status tr_model_load(const char *path, const tr_model_params *params, tr_model **out,
+                               tr_error *err);
+TR_API void tr_model_free(tr_model *m);
 
-const char *tr_model_arch(const tr_model *m);
-int32_t tr_model_n_vocab(const tr_model *m);
-int32_t tr_model_n_ctx_train(const tr_model *m);
-int32_t tr_model_n_embd(const tr_model *m);
-int32_t tr_model_n_layer(const tr_model *m);
-uint64_t tr_model_weight_bytes(const tr_model *m);
-const tr_gguf *tr_model_gguf(const tr_model *m);
-tr_pool *tr_model_pool(tr_model *m);
+TR_API const char *tr_model_arch(const tr_model *m);
+TR_API int32_t tr_model_n_vocab(const tr_model *m);
+TR_API int32_t tr_model_n_ctx_train(const tr_model *m);
+TR_API int32_t tr_model_n_embd(const tr_model *m);
+TR_API int32_t tr_model_n_layer(const tr_model *m);
+TR_API uint64_t tr_model_weight_bytes(const tr_model *m);
+TR_API const tr_gguf *tr_model_gguf(const tr_model *m);
+TR_API tr_pool *tr_model_pool(tr_model *m);
 /* comma-separated list of the architectures this build runs */
-const char *tr_supported_archs(void);
+TR_API const char *tr_supported_archs(void);
 /* a warning from loading (e.g. an expert budget below one token's working set), or NULL */
-const char *tr_model_warning(const tr_model *m);
+TR_API const char *tr_model_warning(const tr_model *m);
 
 /* Counters for telemetry: what the expert cache and the process did so far. */
 typedef struct tr_model_stats {
@@ -276,12 +295,12 @@ typedef struct tr_model_stats {
     uint64_t expert_total_bytes;    /* all routed experts in the file */
     uint64_t token_working_set;     /* one token's experts over all layers (top-k) */
 } tr_model_stats;
-void tr_model_get_stats(const tr_model *m, tr_model_stats *out);
+TR_API void tr_model_get_stats(const tr_model *m, tr_model_stats *out);
 
 /* --route-trace: write every routing decision (CSV, the format `terrace replay` reads) until
  * close; the file is complete only after tr_model_route_trace_close (or tr_model_free). */
-tr_status tr_model_route_trace_open(tr_model *m, const char *path, tr_error *err);
-tr_status tr_model_route_trace_close(tr_model *m, tr_error *err);
+TR_API tr_status tr_model_route_trace_open(tr_model *m, const char *path, tr_error *err);
+TR_API tr_status tr_model_route_trace_close(tr_model *m, tr_error *err);
 
 typedef struct tr_session_params {
     int32_t n_ctx;    /* context length in tokens; <= 0: min(training context, 4096) */
@@ -356,20 +375,20 @@ typedef struct tr_session_kv_stats {
     uint64_t spec_rows, spec_early;
     double spec_cos;
 } tr_session_kv_stats;
-void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
+TR_API void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
 
-tr_session_params tr_session_default_params(void);
+TR_API tr_session_params tr_session_default_params(void);
 /* Computes what the session needs (KV cache + scratch), reports it in the error if it cannot be
  * allocated, and allocates it once: nothing is allocated per token afterwards. */
-tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
-                            tr_error *err);
-void tr_session_free(tr_session *s);
+TR_API tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
+                                   tr_error *err);
+TR_API void tr_session_free(tr_session *s);
 /* bytes of KV cache and scratch this session holds */
-uint64_t tr_session_bytes(const tr_session *s);
-int32_t tr_session_n_ctx(const tr_session *s);
-int32_t tr_session_n_past(const tr_session *s);
+TR_API uint64_t tr_session_bytes(const tr_session *s);
+TR_API int32_t tr_session_n_ctx(const tr_session *s);
+TR_API int32_t tr_session_n_past(const tr_session *s);
 /* drop every token from position `n` on (0 clears the session) */
-tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err);
+TR_API tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err);
 
 /*
  * Appends n tokens to the session's timeline and computes them in chunks of n_batch. Logits:
@@ -377,13 +396,237 @@ tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err);
  * ([n_vocab]), with all_logits true those of every token ([n][n_vocab]). A context overflow is an
  * error that changes nothing.
  */
-tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float *logits,
-                          bool all_logits, tr_error *err);
+TR_API tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float *logits,
+                                 bool all_logits, tr_error *err);
 
 /* One decode step of B independent sequences: token b is appended to sessions[b] and its logits
  * written to logits[b][n_vocab]. All sessions must belong to the same model. */
-tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t B, float *logits,
-                          tr_error *err);
+TR_API tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t B,
+                                 float *logits, tr_error *err);
+
+/* ============================================================================================== */
+/* Text, sampling, metadata and abort: what an application needs to drive a model from text.      */
+/* (The chat-template section, messages -> prompt text, is separate.)                             */
+/* ============================================================================================== */
+
+/* ---- model metadata -------------------------------------------------------------------------- */
+
+/* general.name, or "" when the file has none */
+TR_API const char *tr_model_name(const tr_model *m);
+/* A one-line description like llama.cpp's llama_model_desc: "<arch> <params> <file type>", e.g.
+ * "llama 135M Q4_1". snprintf semantics: writes at most cap bytes (NUL included) and returns the
+ * length the whole text needs. */
+TR_API int tr_model_desc(const tr_model *m, char *buf, size_t cap);
+/* elements of every weight tensor */
+TR_API uint64_t tr_model_n_params(const tr_model *m);
+/* llama.cpp's name of a general.file_type value ("Q4_K_M"); "unknown" for values it has none for */
+TR_API const char *tr_file_type_name(int64_t file_type);
+/* Metadata by key, as text (llama_model_meta_val_str): numbers in decimal (floats with the digits
+ * that round-trip), booleans as true/false, strings as stored, arrays as [a, b, ...] with strings
+ * quoted and escaped as JSON strings. snprintf semantics; -1 when the key is absent. */
+TR_API int64_t tr_model_meta_count(const tr_model *m);
+TR_API const char *tr_model_meta_key(const tr_model *m, int64_t i); /* NULL out of range */
+TR_API int tr_model_meta_val(const tr_model *m, const char *key, char *buf, size_t cap);
+TR_API int tr_model_meta_val_at(const tr_model *m, int64_t i, char *buf, size_t cap);
+
+/* ---- tokenizer ------------------------------------------------------------------------------- */
+/*
+ * The tokenizers reproduce llama.cpp's llama_tokenize / llama_token_to_piece / llama_detokenize
+ * token for token. Supported `tokenizer.ggml.model` values: "llama" (SentencePiece-style),
+ * "gpt2" (byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names) and "gemma4"; others
+ * ("bert", "t5", ...) are refused with TR_E_UNSUPPORTED naming the value.
+ *
+ * A loaded tokenizer is immutable: every call below may run from several threads at once. Token
+ * ids are int32_t as in llama.cpp; -1 means "none".
+ */
+typedef struct tr_tokenizer tr_tokenizer;
+
+/* The model's tokenizer, loaded with the model and owned by it (valid until tr_model_free); NULL
+ * if the file carries no vocabulary (tokenizer.ggml.model absent). */
+TR_API const tr_tokenizer *tr_model_tokenizer(const tr_model *m);
+/* A tokenizer from any GGUF file with tokenizer.ggml.* metadata (vocabulary-only files included);
+ * it copies what it needs: the tr_gguf may be closed afterwards. TR_E_FORMAT for corrupt
+ * metadata, TR_E_UNSUPPORTED for an unknown model or pre-tokenizer. */
+TR_API tr_status tr_tokenizer_load(const tr_gguf *g, tr_tokenizer **out, tr_error *err);
+TR_API void tr_tokenizer_free(tr_tokenizer *t);
+
+/*
+ * Tokenize `len` bytes of `text` (need not be NUL-terminated or valid UTF-8), as llama_tokenize:
+ * add_special adds BOS (and EOS) where the file asks for them (tokenizer.ggml.add_bos_token ...;
+ * tr_tokenizer_add_bos says); parse_special turns the text of control and user-defined tokens
+ * ("<|im_start|>") into those tokens, as a rendered chat template needs (without it only
+ * user-defined ones are). Writes up to `cap` ids and the full count to *n_out; if they do not fit,
+ * TR_E_ARG with *n_out = the count needed (call again with room). BPE vocabularies see invalid
+ * UTF-8 as llama.cpp does (U+FFFD per bad byte); SPM keeps raw bytes through byte tokens.
+ */
+TR_API tr_status tr_tokenize(const tr_tokenizer *t, const char *text, size_t len,
+                             bool add_special, bool parse_special, int32_t *out, size_t cap,
+                             size_t *n_out, tr_error *err);
+
+/*
+ * The text of one token, as llama_token_to_piece(lstrip = 0): control and unknown tokens render
+ * as their text only with render_special, else as nothing. Returns the bytes written (no NUL);
+ * minus the size needed if it exceeds cap; 0 for an id outside the vocabulary. A piece may end in
+ * the middle of a UTF-8 character that the next token completes.
+ */
+TR_API int tr_token_to_piece(const tr_tokenizer *t, int32_t id, char *buf, size_t cap,
+                             bool render_special);
+
+/*
+ * Ids back to text, as llama_detokenize: remove_special drops a leading BOS and a trailing EOS
+ * where the tokenizer adds them; unparse_special renders control tokens as their text. Writes up
+ * to cap bytes (no NUL) and the full size to *n_out; TR_E_ARG if it does not fit (*n_out = the
+ * size needed) or an id is out of range.
+ */
+TR_API tr_status tr_detokenize(const tr_tokenizer *t, const int32_t *ids, size_t n,
+                               bool remove_special, bool unparse_special, char *buf, size_t cap,
+                               size_t *n_out, tr_error *err);
+
+TR_API int32_t tr_tokenizer_n_vocab(const tr_tokenizer *t);
+TR_API const char *tr_tokenizer_model(const tr_tokenizer *t); /* "llama", "gpt2", "gemma4" */
+TR_API const char *tr_tokenizer_pre(const tr_tokenizer *t);   /* as in the file, or "default" */
+TR_API bool tr_tokenizer_add_bos(const tr_tokenizer *t);  /* tokenize(add_special) adds BOS */
+TR_API bool tr_tokenizer_add_eos(const tr_tokenizer *t);  /* ... and EOS */
+
+/* Token attribute bits, llama.cpp's llama_token_attr values: from the file's token types, adjusted
+ * as llama.cpp does (end-of-generation texts become CONTROL, ...). */
+enum {
+    TR_TOKEN_ATTR_UNDEFINED = 0,
+    TR_TOKEN_ATTR_UNKNOWN = 1u << 0,
+    TR_TOKEN_ATTR_UNUSED = 1u << 1,
+    TR_TOKEN_ATTR_NORMAL = 1u << 2,
+    TR_TOKEN_ATTR_CONTROL = 1u << 3,
+    TR_TOKEN_ATTR_USER_DEFINED = 1u << 4,
+    TR_TOKEN_ATTR_BYTE = 1u << 5,
+    TR_TOKEN_ATTR_NORMALIZED = 1u << 6,
+    TR_TOKEN_ATTR_LSTRIP = 1u << 7,
+    TR_TOKEN_ATTR_RSTRIP = 1u << 8,
+    TR_TOKEN_ATTR_SINGLE_WORD = 1u << 9,
+};
+
+/* the token's text as stored (NUL-terminated; *len, if not NULL, gets its length); NULL out of
+ * range */
+TR_API const char *tr_token_text(const tr_tokenizer *t, int32_t id, size_t *len);
+TR_API float tr_token_score(const tr_tokenizer *t, int32_t id);   /* 0 out of range */
+TR_API uint32_t tr_token_attr(const tr_tokenizer *t, int32_t id); /* TR_TOKEN_ATTR_* bits */
+/* the id of the token whose stored text is exactly these bytes, or -1 */
+TR_API int32_t tr_token_find(const tr_tokenizer *t, const char *text, size_t len);
+
+/* ---- special tokens -------------------------------------------------------------------------- */
+
+typedef enum tr_special {
+    TR_SPECIAL_BOS,
+    TR_SPECIAL_EOS,
+    TR_SPECIAL_EOT,
+    TR_SPECIAL_EOM,
+    TR_SPECIAL_UNK,
+    TR_SPECIAL_SEP,
+    TR_SPECIAL_PAD,
+    TR_SPECIAL_MASK,
+    TR_SPECIAL_NL, /* the newline token llama.cpp derives */
+    TR_SPECIAL_FIM_PRE,
+    TR_SPECIAL_FIM_SUF,
+    TR_SPECIAL_FIM_MID,
+    TR_SPECIAL_FIM_PAD,
+    TR_SPECIAL_FIM_REP,
+    TR_SPECIAL_FIM_SEP,
+    TR_SPECIAL_COUNT
+} tr_special;
+
+TR_API int32_t tr_token_special(const tr_tokenizer *t, tr_special which); /* -1 if none */
+TR_API int32_t tr_token_bos(const tr_tokenizer *t);
+TR_API int32_t tr_token_eos(const tr_tokenizer *t);
+TR_API int32_t tr_token_eot(const tr_tokenizer *t);
+TR_API int32_t tr_token_eom(const tr_tokenizer *t);
+TR_API int32_t tr_token_unk(const tr_tokenizer *t);
+TR_API int32_t tr_token_pad(const tr_tokenizer *t);
+/* true if the token ends generation: llama.cpp's EOG set (eos, eot, eom, the FIM pad/rep/sep and
+ * tokens whose text is one of its end-of-turn strings: <|im_end|>, <|eot_id|>, <|return|>, ...) */
+TR_API bool tr_token_is_eog(const tr_tokenizer *t, int32_t id);
+/* true for control tokens (attribute CONTROL), which a reply shows only if asked */
+TR_API bool tr_token_is_control(const tr_tokenizer *t, int32_t id);
+/* the EOG set, ascending, *n its size; owned by the tokenizer */
+TR_API const int32_t *tr_tokenizer_eog_ids(const tr_tokenizer *t, size_t *n);
+
+/* ---- sampling -------------------------------------------------------------------------------- */
+/*
+ * logits [n_vocab] -> one token, with llama.cpp's samplers, defaults and default order:
+ *   penalties -> top-k -> top-p -> min-p -> temperature -> draw (seeded)
+ * so top-p and min-p see the untempered distribution. Penalties act on the last repeat_last_n
+ * accepted tokens (tr_sampler_accept): a token seen c > 0 times gets logit / repeat_penalty if
+ * positive, logit * repeat_penalty otherwise, then minus c * frequency_penalty + presence_penalty.
+ * top-k <= 0, top-p >= 1 and min-p <= 0 are off; each filter keeps at least one token and
+ * renormalises. temp <= 0 is greedy: the argmax of the penalised logits. Ties go to the lower id,
+ * so a result depends only on (params, seed, accepted history, logits). The draw is xoshiro256**
+ * seeded through splitmix64: the same seed gives the same tokens on every platform (it does not
+ * reproduce llama.cpp's mt19937 draws, which depend on the C++ library).
+ *
+ * Everything a sampler needs is allocated by tr_sampler_create; sampling allocates nothing. A
+ * sampler is not thread-safe: one per sequence.
+ */
+
+/* seed meaning "pick one at random" (llama.cpp's -s -1; 0xFFFFFFFF is read the same way) */
+#define TR_SAMPLER_SEED_RANDOM UINT64_MAX
+
+typedef struct tr_sampler_params {
+    float temp;              /* --temp; <= 0: greedy */
+    int32_t top_k;           /* --top-k; <= 0: off */
+    float top_p;             /* --top-p, in (0, 1]; 1: off */
+    float min_p;             /* --min-p, in [0, 1]; 0: off */
+    float repeat_penalty;    /* --repeat-penalty, > 0; 1: off */
+    int32_t repeat_last_n;   /* --repeat-last-n, >= 0; 0: no penalties (llama.cpp's -1, the
+                                context size, is the caller's to resolve to n_ctx) */
+    float presence_penalty;  /* --presence-penalty; 0: off */
+    float frequency_penalty; /* --frequency-penalty; 0: off */
+    uint64_t seed;           /* -s/--seed; TR_SAMPLER_SEED_RANDOM: random */
+} tr_sampler_params;
+
+/* llama.cpp's defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off
+ * (repeat_penalty 1, repeat_last_n 64), random seed */
+TR_API tr_sampler_params tr_sampler_default_params(void);
+/* TR_E_ARG with a message naming the flag ("--top-p must be in (0, 1], got 1.5") */
+TR_API tr_status tr_sampler_validate(const tr_sampler_params *p, tr_error *err);
+
+typedef struct tr_sampler tr_sampler;
+
+/* validates the params and allocates everything for n_vocab tokens (tr_model_n_vocab) */
+TR_API tr_status tr_sampler_create(const tr_sampler_params *p, int32_t n_vocab,
+                                   tr_sampler **out, tr_error *err);
+TR_API void tr_sampler_free(tr_sampler *s);
+/* forget the accepted history and restart the random sequence from the seed */
+TR_API void tr_sampler_reset(tr_sampler *s);
+/* record a token of the sequence (prompt or generated) for the penalties; ids out of range are
+ * ignored. Sampling does not accept by itself (llama.cpp's common_sampler_accept). */
+TR_API void tr_sampler_accept(tr_sampler *s, int32_t token);
+/* the seed in use (drawn at create time if the params asked for a random one), for -s */
+TR_API uint64_t tr_sampler_seed(const tr_sampler *s);
+TR_API const tr_sampler_params *tr_sampler_get_params(const tr_sampler *s);
+/* one token from logits [n_vocab] (NaN counts as -inf); -1 for NULL arguments */
+TR_API int32_t tr_sampler_sample(tr_sampler *s, const float *logits);
+
+/* a candidate after the filters: its logit after penalties and temperature, its probability in
+ * the distribution the draw uses */
+typedef struct tr_token_prob {
+    int32_t id;
+    float logit;
+    float p;
+} tr_token_prob;
+/* The chain up to the draw: the surviving candidates (*n >= 1), in the sampler's own array, valid
+ * until the next call; descending when top-k is on (else unordered); greedy gives the argmax with
+ * p = 1. For showing probabilities (--n-probs, logprobs). NULL and *n = 0 for NULL arguments. */
+TR_API const tr_token_prob *tr_sampler_candidates(tr_sampler *s, const float *logits, size_t *n);
+
+/* ---- abort ----------------------------------------------------------------------------------- */
+
+/* Returns true to stop. Called from the thread computing, before every chunk of n_batch tokens
+ * that tr_session_eval computes (so between prefill chunks and, for a decode loop that evaluates
+ * one token per call, between tokens) and before every tr_decode_batch step; it must be cheap
+ * and may read a flag set by a signal handler or another thread. */
+typedef bool (*tr_abort_fn)(void *user);
+/* Install (fn NULL: remove) the session's abort callback. A stopped call returns TR_E_ABORTED;
+ * the chunks computed before it stay in the session (tr_session_n_past says how many: truncate
+ * to undo, or evaluate the rest later). */
+TR_API void tr_session_set_abort(tr_session *s, tr_abort_fn fn, void *user);
 
 #ifdef __cplusplus
 }

@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
-# Runs every test. Called by `make test` after the release and ASan/UBSan builds exist.
+# Runs every test. Called by `make test` after the release, ASan/UBSan and TSan builds exist.
 # Tests that need ../shared/testdata print SKIPPED when it is absent, except under CI=true,
 # where its absence is a failure.
+#
+# Every C test (tests/test_*.c) is named in TESTS below and runs in the release build and the
+# ASan/UBSan build (and those built for TSan, in it). At the end the list is checked against the
+# sources and the built binaries: a source missing from the list, a listed binary that was not
+# built, or a built binary that no run used fails the run.
 set -u
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python3
 TESTDATA=${TERRACE_TESTDATA:-../shared/testdata}
 ASAN_BUILD=build/asan
+TSAN_BUILD=build/tsan
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 TMP=$(mktemp -d /tmp/terrace-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
+# the C tests; each needs a run below in build/ and in build/asan/
+TESTS=(test_chat test_dequant test_expert_cache test_gguf test_kernels test_kv test_model test_moe
+       test_policy test_pool test_sample test_tokenizer)
+
 declare -a RESULTS
+declare -A USED # test binaries a run (or a skip) accounted for
 FAILED=0
+note_binaries() {
+    local a
+    for a in "$@"; do
+        case "$a" in */tests/test_*) USED["$a"]=1 ;; esac
+    done
+}
 run() {
     local name=$1
     shift
+    note_binaries "$@"
     echo "=== $name"
     local t0=$SECONDS
     if "$@"; then
@@ -26,26 +44,34 @@ run() {
         FAILED=1
     fi
 }
+fail() {
+    echo "=== $1: FAIL ($2)"
+    RESULTS+=("FAIL     $1 ($2)")
+    FAILED=1
+}
+# skip NAME REASON [BINARY...]: the binaries count as accounted for
 skip() {
     echo "=== $1: SKIPPED ($2)"
     RESULTS+=("SKIPPED  $1 ($2)")
+    shift 2
+    note_binaries "$@"
 }
 need_testdata() {
+    local name=$1
+    shift
     if [ -d "$TESTDATA" ]; then return 0; fi
     if [ "${CI:-}" = "true" ]; then
-        echo "=== $1: FAIL: $TESTDATA is missing and CI=true"
-        RESULTS+=("FAIL     $1 (testdata missing under CI)")
-        FAILED=1
+        fail "$name" "$TESTDATA is missing and CI=true"
     else
-        skip "$1" "$TESTDATA not found"
+        skip "$name" "$TESTDATA not found" "$@"
     fi
     return 1
 }
 
 # --- unit tests, release and sanitizer builds -------------------------------------------------
 for b in build "$ASAN_BUILD"; do
-    for t in test_pool test_kernels; do
-        [ -x "$b/tests/$t" ] && run "$t [$b]" "$b/tests/$t"
+    for t in test_pool test_kernels test_sample test_chat; do
+        run "$t [$b]" "$b/tests/$t"
     done
 done
 
@@ -53,6 +79,7 @@ done
 run "gen dequant reference (gguf.quants)" $PY tests/py/gen_dequant.py "$TMP/dequant.gguf"
 run "test_dequant [build]" build/tests/test_dequant "$TMP/dequant.gguf"
 run "test_dequant [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_dequant" "$TMP/dequant.gguf"
+run "test_gguf (data access) [build]" build/tests/test_gguf "$TMP/dequant.gguf"
 
 # --- GGUF reader: files from the gguf writer; hostile files; all under ASan/UBSan --------------
 run "gguf reader (gguf writer files) [$ASAN_BUILD]" \
@@ -71,12 +98,12 @@ run "test_model qwen3 [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_model" "$TMP/synth-
 # under it, O_DIRECT and buffered, 4 threads (ASan, TSan)
 run "test_expert_cache [build]" build/tests/test_expert_cache
 run "test_expert_cache [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_expert_cache"
-run "test_expert_cache [build/tsan]" build/tsan/tests/test_expert_cache
+run "test_expert_cache [$TSAN_BUILD]" "$TSAN_BUILD"/tests/test_expert_cache
 # MoE through the expert cache: budgets never change the output, faults, sharing (+ TSan)
 $PY tests/py/synth.py qwen2moe Q8_0 "$TMP/synth-qwen2moe.gguf"
 run "test_moe qwen2moe [build]" build/tests/test_moe "$TMP/synth-qwen2moe.gguf"
 run "test_moe qwen2moe [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_moe" "$TMP/synth-qwen2moe.gguf"
-run "test_moe qwen2moe [build/tsan]" build/tsan/tests/test_moe "$TMP/synth-qwen2moe.gguf"
+run "test_moe qwen2moe [$TSAN_BUILD]" "$TSAN_BUILD"/tests/test_moe "$TMP/synth-qwen2moe.gguf"
 run "logit parity vs llama.cpp, synthetic models (tests/ref/parity-synth.json)" \
     $PY tests/py/parity.py check build/terrace tests/ref/parity-synth.json
 
@@ -92,7 +119,7 @@ run "test_kv [build]" build/tests/test_kv
 run "test_kv [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_kv"
 # the cache's I/O threads, the pipelined and ahead reads, and the storage agent's row threads (the
 # agent next to the test binary is the TSan build too)
-run "test_kv [build/tsan]" build/tsan/tests/test_kv
+run "test_kv [$TSAN_BUILD]" "$TSAN_BUILD"/tests/test_kv
 run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; default model" \
     $PY tests/py/test_kv_policies.py build/terrace "$(bash scripts/get_model.sh smollm2)"
 
@@ -105,7 +132,7 @@ else
 fi
 
 # --- thread pool under ThreadSanitizer ---------------------------------------------------------
-run "test_pool [build/tsan]" build/tsan/tests/test_pool
+run "test_pool [$TSAN_BUILD]" "$TSAN_BUILD/tests/test_pool"
 
 # --- terrace inspect on every vocabulary GGUF in the shared test data ---------------------------
 if need_testdata "inspect shared vocab files"; then
@@ -135,7 +162,8 @@ assert d["tokenizer"]["vocab_size"] > 0 and d["architecture"], "tokenizer/archit
 fi
 
 # --- expert-cache policies and route traces; the replay of the shared Qwen3-30B trace ----------
-if need_testdata "expert policies on the shared trace"; then
+if need_testdata "expert policies on the shared trace" build/tests/test_policy \
+    "$ASAN_BUILD/tests/test_policy"; then
     for b in build "$ASAN_BUILD"; do
         run "test_policy [$b]" "$b/tests/test_policy" "$TESTDATA/routes/qwen3-30b-a3b.route.csv"
     done
@@ -170,6 +198,41 @@ if need_testdata "tokenizer vectors"; then
             "$ASAN_BUILD/tests/test_tokenizer" "$vocab" "$inp" "${inp%.inp}.out"
     done
 fi
+
+# --- every C test listed, built and run ---------------------------------------------------------
+check_list() {
+    local ok=0 src name b f
+    declare -A listed
+    for name in "${TESTS[@]}"; do listed[$name]=1; done
+    for src in tests/test_*.c; do
+        name=$(basename "$src" .c)
+        if [ -z "${listed[$name]:-}" ]; then
+            echo "  $src is not in TESTS (tests/run.sh): add it and a run for it"
+            ok=1
+        fi
+    done
+    for name in "${TESTS[@]}"; do
+        [ -f "tests/$name.c" ] || { echo "  $name is listed but tests/$name.c does not exist"; ok=1; }
+        for b in build "$ASAN_BUILD"; do
+            [ -x "$b/tests/$name" ] || { echo "  $b/tests/$name is listed but was not built"; ok=1; }
+        done
+    done
+    for b in build "$ASAN_BUILD" "$TSAN_BUILD"; do
+        for f in "$b"/tests/test_*; do
+            [ -f "$f" ] && [ -x "$f" ] || continue
+            [ -n "${USED[$f]:-}" ] && continue
+            if [ -f "tests/$(basename "$f").c" ]; then
+                echo "  $f is built but no run uses it"
+            else
+                echo "  $f has no source in tests/ (stale build output: make clean)"
+            fi
+            ok=1
+        done
+    done
+    [ $ok -eq 0 ] && echo "  ${#TESTS[@]} C tests, each run in build/ and $ASAN_BUILD/"
+    return $ok
+}
+run "every C test listed, built and run" check_list
 
 echo
 echo "==================== summary ===================="

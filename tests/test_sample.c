@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "testutil.h"
-#include "text/sample.h"
+#include "terrace.h"
 
 #define BIG_VOCAB 262144
 

@@ -408,8 +408,9 @@ bool load_model(const gen_opts *o, loaded *out) {
         cli_error("%s", err.msg);
         return false;
     }
-    if (tr_tokenizer_load(tr_model_gguf(out->model), &out->tok, &err)) {
-        cli_error("%s: tokenizer: %s", o->model, err.msg);
+    if (!(out->tok = tr_model_tokenizer(out->model))) {
+        cli_error("%s: the file has no vocabulary (tokenizer.ggml.model): it cannot turn text "
+                  "into tokens", o->model);
         tr_model_free(out->model);
         out->model = NULL;
         return false;
@@ -428,7 +429,6 @@ void unload_model(loaded *l) {
     tr_error err = {0};
     if (l->model && tr_model_route_trace_close(l->model, &err))
         cli_error("%s", err.msg);
-    tr_tokenizer_free(l->tok);
     tr_model_free(l->model);
     memset(l, 0, sizeof *l);
 }

@@ -9,8 +9,6 @@
 #include <stdint.h>
 
 #include "cli.h"
-#include "text/sample.h"
-#include "text/tokenizer.h"
 
 typedef struct gen_opts {
     const char *model;
@@ -44,11 +42,12 @@ void gen_print_common_flags(FILE *f);
 
 typedef struct loaded {
     tr_model *model;
-    tr_tokenizer *tok;
+    const tr_tokenizer *tok; /* the model's */
     double load_ms;
 } loaded;
 
-/* loads model + tokenizer; prints the error itself and returns false on failure */
+/* loads the model (its tokenizer with it); prints the error itself and returns false on failure,
+ * also for a file without a vocabulary */
 bool load_model(const gen_opts *o, loaded *out);
 void unload_model(loaded *l);
 

@@ -17,23 +17,6 @@
 #define ARRAY_FULL_MAX 64 /* arrays up to this length are shown whole, longer ones summarised */
 #define ARRAY_HEAD 8
 
-static const char *file_type_name(int64_t ft) {
-    static const struct {
-        int id;
-        const char *name;
-    } k[] = {{0, "ALL_F32"},  {1, "F16"},     {2, "Q4_0"},    {3, "Q4_1"},    {7, "Q8_0"},
-             {8, "Q5_0"},     {9, "Q5_1"},    {10, "Q2_K"},   {11, "Q3_K_S"}, {12, "Q3_K_M"},
-             {13, "Q3_K_L"},  {14, "Q4_K_S"}, {15, "Q4_K_M"}, {16, "Q5_K_S"}, {17, "Q5_K_M"},
-             {18, "Q6_K"},    {19, "IQ2_XXS"}, {20, "IQ2_XS"}, {21, "Q2_K_S"}, {22, "IQ3_XS"},
-             {23, "IQ3_XXS"}, {24, "IQ1_S"},  {25, "IQ4_NL"}, {26, "IQ3_S"},  {27, "IQ3_M"},
-             {28, "IQ2_S"},   {29, "IQ2_M"},  {30, "IQ4_XS"}, {31, "IQ1_M"},  {32, "BF16"},
-             {36, "TQ1_0"},   {37, "TQ2_0"},  {38, "MXFP4_MOE"}};
-    const int64_t base = ft & ~(int64_t)1024; /* 1024 = "guessed" flag */
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
-        if (k[i].id == base) return k[i].name;
-    return "unknown";
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* metadata values -> JSON                                                                        */
 
@@ -369,7 +352,7 @@ static cJSON *build_report(const tr_gguf *g, const char *path) {
     if (tr_gguf_kv_int(g, "general.file_type", &ft)) {
         cJSON *o = cJSON_AddObjectToObject(doc, "file_type");
         cJSON_AddItemToObject(o, "id", json_i64(ft));
-        cJSON_AddStringToObject(o, "name", file_type_name(ft));
+        cJSON_AddStringToObject(o, "name", tr_file_type_name(ft));
     }
     add_tensors(doc, g);
     add_tokenizer(doc, g);

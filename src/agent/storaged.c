@@ -395,7 +395,7 @@ static int do_rows(struct rows_area *ar, tr_csd_req *r) {
      * more transfer (fio, bench/results/kv.md): joining across a record's gap trades 16 KiB of
      * storage traffic, which never crosses the link, for a read. At 32K the step with gap 1 was
      * between 1 % slower and 3 % faster than with gap 0 in paired runs while the disk held
-     * steady; its own swings are larger (bench/results/kv.md, tenth session). */
+     * steady; its own swings are larger (bench/results/kv.md). */
     const uint64_t gap_max = (uint64_t)r->read_gap * c->rec, align = c->direct ? TR_IO_ALIGN : 1;
     size_t used = 0;
     int32_t nj = 0;

@@ -14,6 +14,7 @@ const char *tr_status_name(tr_status s) {
     case TR_E_NOMEM: return "out of memory";
     case TR_E_BUDGET: return "budget too small";
     case TR_E_INTERNAL: return "internal error";
+    case TR_E_ABORTED: return "aborted";
     }
     return "unknown status";
 }

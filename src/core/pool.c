@@ -22,10 +22,10 @@ static inline void cpu_relax(void) {}
 #endif
 
 /* Spinning before a thread sleeps, bounded by time rather than by a count of pause
- * instructions (20,000 pauses, what this used to count, take 600 µs on the AMD EPYC of our test
- * machine, where the count had been meant as ~100 µs): long enough to bridge the gap between the
- * matmuls of one token, short enough that an idle pool, or one of several processes sharing the
- * cores (a batch of sessions, each with its storage agent), goes quiet at once. */
+ * instructions (what a pause costs varies by an order of magnitude between CPUs): long enough to
+ * bridge the gap between the matmuls of one token, short enough that an idle pool, or one of
+ * several processes sharing the cores (a batch of sessions, each with its storage agent), goes
+ * quiet at once. */
 #define SPIN_NS    100000
 #define SPIN_CHECK 64 /* pauses between two looks at the clock */
 

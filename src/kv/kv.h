@@ -1,5 +1,5 @@
 /*
- * The KV cache behind one interface (issue "Tiered KV cache"), one instance per session.
+ * The KV cache behind one interface, one instance per session.
  *
  * Policies (--kv-policy):
  *   full     all KV in DRAM, exact attention — the accuracy reference (the forward pass keeps its
@@ -53,7 +53,7 @@ typedef enum {
 
 /* Placement between the hot and the cold pool (with a cold pool; tiered only):
  *   OFF    static: the oldest non-sink token outside the window is demoted when the hot pool is
- *          full, nothing comes back (the previous issue's behaviour)
+ *          full, nothing comes back
  *   NAIVE  bidirectional without hysteresis: every cold token the selection reads is promoted
  *          (its record is in the working set already), displacing the hot token with the fewest
  *          hits — the baseline that shows ping-pong

@@ -24,8 +24,8 @@
 #include "kv/kv.h"
 #include "tensor/kernels.h"
 
-/* default I/O workers: the random reads of a selection need many in flight (on the virtio SSD
- * here 16 -> 64 workers took a 4K-token tiered step from 656 to 515 ms) */
+/* default I/O workers: the random reads of a selection need many in flight for an SSD to reach
+ * its random-read rate (64 against 16 workers: bench/results/kv.md) */
 #define TR_KV_IO_THREADS 64
 
 /* rows whose online-softmax state one attend pass keeps (bigger calls go in blocks) */

@@ -645,11 +645,21 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     }
     snprintf(m->arch_name, sizeof m->arch_name, "%.*s", (int)(arch.len < 63 ? arch.len : 63),
              arch.ptr);
+    tr_str name;
+    if (tr_gguf_kv_str(m->gguf, "general.name", &name))
+        snprintf(m->name, sizeof m->name, "%.*s",
+                 (int)(name.len < sizeof m->name - 1 ? name.len : sizeof m->name - 1), name.ptr);
     m->arch = tr_arch_find(m->arch_name);
     if (!m->arch) {
         s = tr_fail(err, TR_E_UNSUPPORTED,
                     "%s: architecture '%s' is not supported (supported: %s)", path, m->arch_name,
                     tr_supported_archs());
+        goto fail;
+    }
+    /* the vocabulary first: a file whose tokenizer is broken fails before any weight is read */
+    if (tr_gguf_find_key(m->gguf, "tokenizer.ggml.model") >= 0 &&
+        (s = tr_tokenizer_load(m->gguf, &m->tok, err))) {
+        tr_error_prefix(err, "tokenizer: ");
         goto fail;
     }
     int64_t n_layer;
@@ -710,6 +720,7 @@ void tr_model_free(tr_model *m) {
     free(m->owned);
     free(m->shard_base);
     free(m->layers);
+    tr_tokenizer_free(m->tok);
     tr_gguf_close(m->gguf);
     pthread_mutex_destroy(&m->lock);
     free(m);
@@ -750,4 +761,5 @@ int32_t tr_model_n_embd(const tr_model *m) { return m->hp.n_embd; }
 int32_t tr_model_n_layer(const tr_model *m) { return m->hp.n_layer; }
 uint64_t tr_model_weight_bytes(const tr_model *m) { return m->weight_bytes; }
 const tr_gguf *tr_model_gguf(const tr_model *m) { return m->gguf; }
+const tr_tokenizer *tr_model_tokenizer(const tr_model *m) { return m->tok; }
 tr_pool *tr_model_pool(tr_model *m) { return m->pool; }

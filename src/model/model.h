@@ -100,6 +100,7 @@ typedef struct tr_layer {
 
 struct tr_model {
     tr_gguf *gguf;
+    tr_tokenizer *tok; /* NULL when the file has no vocabulary */
     const tr_arch *arch;
     tr_hparams hp;
     tr_layer *layers;
@@ -130,6 +131,7 @@ struct tr_model {
     const tr_kernels *kern;
     pthread_mutex_t lock; /* one forward pass at a time per model */
     char arch_name[64];
+    char name[256]; /* general.name (truncated), "" if none */
 };
 
 /* src/model/arch.c */

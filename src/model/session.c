@@ -279,6 +279,11 @@ uint64_t tr_session_bytes(const tr_session *s) {
 int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
 int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
 
+void tr_session_set_abort(tr_session *s, tr_abort_fn fn, void *user) {
+    s->abort_fn = fn;
+    s->abort_user = user;
+}
+
 tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err) {
     if (n < 0 || n > s->n_past)
         return tr_fail(err, TR_E_ARG, "cannot truncate to %d tokens (session holds %d)", n,
@@ -303,7 +308,13 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
     pthread_mutex_lock(&m->lock);
     tr_status st = TR_OK;
     const int32_t start = s->n_past;
+    bool aborted = false;
     for (int32_t done = 0; done < n && st == TR_OK;) {
+        if (s->abort_fn && s->abort_fn(s->abort_user)) {
+            st = tr_fail(err, TR_E_ABORTED, "aborted by the caller after %d of %d tokens", done, n);
+            aborted = true;
+            break;
+        }
         const int32_t rows = n - done < s->n_batch ? n - done : s->n_batch;
         for (int32_t r = 0; r < rows; r++) {
             s->sc.row_sess[r] = s;
@@ -325,7 +336,8 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
             done += rows;
         }
     }
-    if (st != TR_OK) s->n_past = start; /* all or nothing */
+    /* all or nothing on errors; an abort keeps the chunks it let finish (the header says so) */
+    if (st != TR_OK && !aborted) s->n_past = start;
     pthread_mutex_unlock(&m->lock);
     return st;
 }
@@ -355,6 +367,9 @@ tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t 
             if (sessions[c] == sessions[b])
                 return tr_fail(err, TR_E_ARG, "sequence %d appears twice in the batch", b);
     }
+    for (int32_t b = 0; b < B; b++)
+        if (sessions[b]->abort_fn && sessions[b]->abort_fn(sessions[b]->abort_user))
+            return tr_fail(err, TR_E_ABORTED, "sequence %d: aborted by the caller", b);
     pthread_mutex_lock(&m->lock);
     for (int32_t b = 0; b < B; b++) {
         s0->sc.row_sess[b] = sessions[b];

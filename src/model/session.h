@@ -58,6 +58,8 @@ struct tr_session {
     bool kv_spec;       /* --kv-spec: the forward pass gives kv speculative queries */
     size_t layer_k_elems, layer_v_elems;
     tr_scratch sc;
+    tr_abort_fn abort_fn; /* asked before every chunk and batch step; NULL: never */
+    void *abort_user;
     void *scratch_mem;
     uint64_t bytes;
 };

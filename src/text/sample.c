@@ -1,5 +1,5 @@
 /*
- * Sampling chain (see sample.h for the semantics). Performance notes, for n_vocab = 262144:
+ * Sampling chain (include/terrace.h gives the semantics). Performance notes, n_vocab = 262144:
  *   - top-k (and greedy, which is top-k 1) reads the logits once with a bounded heap and never
  *     copies or sorts the vocabulary; penalised window tokens are merged in afterwards.
  *   - Without top-k the logits are copied into the candidate array; top-p then bins the weights
@@ -8,7 +8,7 @@
  *     logit_i >= max_logit + log(min_p)), no sort.
  * Nothing here allocates after tr_sampler_create (heapsort rather than qsort, which may malloc).
  */
-#include "text/sample.h"
+#include "terrace.h"
 
 #include <math.h>
 #include <stdatomic.h>

@@ -8,7 +8,31 @@
 #include <stdint.h>
 
 #include "core/error.h"
-#include "text/tokenizer.h"
+#include "terrace.h"
+
+/* The tokenizer's public functions are declared in include/terrace.h; these are for the files of
+ * src/text and the tokenizer's white-box tests. */
+
+typedef enum tr_tok_kind {
+    TR_TOK_SPM = 1, /* tokenizer.ggml.model = "llama" */
+    TR_TOK_BPE = 2, /* "gpt2" (byte-level) and "gemma4" (raw UTF-8) */
+} tr_tok_kind;
+
+/* GGUF `tokenizer.ggml.token_type` values */
+enum {
+    TR_TOKEN_TYPE_UNDEFINED = 0,
+    TR_TOKEN_TYPE_NORMAL = 1,
+    TR_TOKEN_TYPE_UNKNOWN = 2,
+    TR_TOKEN_TYPE_CONTROL = 3,
+    TR_TOKEN_TYPE_USER_DEFINED = 4,
+    TR_TOKEN_TYPE_UNUSED = 5,
+    TR_TOKEN_TYPE_BYTE = 6,
+};
+
+tr_tok_kind tr_tokenizer_kind(const tr_tokenizer *t);
+bool tr_tokenizer_add_space_prefix(const tr_tokenizer *t);
+size_t tr_tokenizer_n_merges(const tr_tokenizer *t);
+int32_t tr_token_type(const tr_tokenizer *t, int32_t id); /* GGUF token_type; -1 if out of range */
 
 /* ---- growable buffers (all return false on allocation failure) ------------------------------- */
 

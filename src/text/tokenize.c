@@ -307,9 +307,16 @@ static size_t clean_spaces(char *text, size_t total) {
     return total;
 }
 
-tr_status tr_detokenize(const tr_tokenizer *t, const int32_t *ids, size_t n, bool render_special,
-                        char *buf, size_t cap, size_t *n_out, tr_error *err) {
+tr_status tr_detokenize(const tr_tokenizer *t, const int32_t *ids, size_t n, bool remove_special,
+                        bool render_special, char *buf, size_t cap, size_t *n_out, tr_error *err) {
     *n_out = 0;
+    if (!ids && n > 0) return tr_fail(err, TR_E_ARG, "detokenize: ids is NULL");
+    /* as llama.cpp: only the BOS/EOS that tokenizing with add_special would have added */
+    if (remove_special && t->add_bos && n > 0 && ids[0] == t->special[TR_SPECIAL_BOS]) {
+        ids++;
+        n--;
+    }
+    if (remove_special && t->add_eos && n > 0 && ids[n - 1] == t->special[TR_SPECIAL_EOS]) n--;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= t->n_vocab)
             return tr_fail(err, TR_E_ARG,

@@ -766,6 +766,9 @@ bool tr_token_is_eog(const tr_tokenizer *t, int32_t id) {
     if (id < 0) return false;
     return bsearch(&id, t->eog, t->n_eog, sizeof *t->eog, cmp_i32) != NULL;
 }
+bool tr_token_is_control(const tr_tokenizer *t, int32_t id) {
+    return (tr_token_attr(t, id) & TR_TOKEN_ATTR_CONTROL) != 0;
+}
 const int32_t *tr_tokenizer_eog_ids(const tr_tokenizer *t, size_t *n) {
     *n = t->n_eog;
     return t->eog;

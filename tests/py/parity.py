@@ -39,7 +39,7 @@ TYPES = ["F32", "F16", "Q8_0"]
 #   median over positions of max |dlogit|: F32 <= 2.1e-3 (gpt-oss, 4 layers; dense <= 9e-4),
 #   F16 <= 1.4e-2, Q8_0 <= 0.31, Q4_K_M <= 0.42
 #   max over positions:                     F32 <= 2.5e-3, F16 <= 1.6e-2, Q8_0 <= 0.41, Q4_K_M <= 0.56
-# Limits are ~3x those. Top-1 agreement >= 99% is the bar for F32/F16/Q8_0; Q4_K_M is
+# Limits are ~3x those. Top-1 agreement >= 99% is required for F32/F16/Q8_0; Q4_K_M is
 # reported (observed >= 98.4%). Kernel-level errors are caught exactly by test_kernels; these
 # limits catch formula errors in the forward pass, which move every position's logits.
 MIN_TOP1 = {"F32": 0.99, "F16": 0.99, "Q8_0": 0.99, "Q4_K_M": 0.97}

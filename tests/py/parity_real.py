@@ -22,7 +22,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 PEER_PY = os.path.join(ROOT, ".venv-peer", "bin", "python3")
 N_GREEDY = 64
 PPL_CTX = 512
-PPL_TOL = 0.005      # relative, the bar
+PPL_TOL = 0.005      # relative
 # A divergence is explained when llama.cpp's top-2 margin at that step is below this. The parity
 # runs on synthetic Q8_0/Q4_K_M models (tests/py/parity.py) show per-logit differences up to ~0.5
 # from activation-rounding flips, so a margin below 0.5 can legitimately go either way.
