@@ -151,6 +151,10 @@ cross-aarch64:
 bench-kernels: deps all $(BUILD)/bench/bench_kernels
 	@$(BUILD)/bench/bench_kernels $(BENCH_ARGS)
 
+# prefill products per type, gemm against the per-row kernels, one thread (BENCH_ARGS: --isa ...)
+bench-gemm: deps all $(BUILD)/bench/bench_gemm
+	@$(BUILD)/bench/bench_gemm $(BENCH_ARGS)
+
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -O3 -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)

@@ -305,11 +305,26 @@ TR_ALWAYS_INLINE float gm_rdf(const void *p) {
     return v;
 }
 
-/* y[c] (GM_MR outputs each) = panel · activation rows a[c], c < nc, over kc elements from k0 */
+/* writes (first) or adds GM_MR outputs, of which the first nr are rows of y */
+TR_ALWAYS_INLINE void gm_put(float *y, gm_vf v, int nr, bool first) {
+    if (nr == GM_MR) {
+        gm_storef(y, first ? v : gm_add(v, gm_loadf(y)));
+        return;
+    }
+    float t[GM_MR];
+    gm_storef(t, v);
+    for (int r = 0; r < nr; r++) y[r] = first ? t[r] : y[r] + t[r];
+}
+
+/* y[c * y_stride + r] (+)= panel row r · activation row a[c] over elements [k0, k0 + kc), for
+ * c < nc, r < nr; the accumulators stay in registers for the whole panel */
 TR_ALWAYS_INLINE void gm_tile(const int kind, const int nc, int64_t k0, int64_t kc,
                               const uint8_t *restrict codes, const float *restrict ws,
                               const float *restrict wm, const char *const *a,
-                              tr_gemm_act_parts ap, gm_vf *facc) {
+                              tr_gemm_act_parts ap, float *y, size_t y_stride, int nr) {
+    gm_vf facc[GM_NR];
+#pragma GCC unroll 8
+    for (int c = 0; c < nc; c++) facc[c] = gm_zerof();
     const int S = gm_sub(kind), G = S / 4, act = gm_act(kind);
     const bool corr = gm_uses_corr(kind), mn = gm_min(kind);
     /* the K-quants' per-super-block accumulators need registers AVX2 does not have: there
@@ -382,17 +397,8 @@ TR_ALWAYS_INLINE void gm_tile(const int kind, const int nc, int64_t k0, int64_t 
             }
         }
     }
-}
-
-/* writes (first) or adds GM_MR outputs, of which the first nr are rows of y */
-TR_ALWAYS_INLINE void gm_put(float *y, gm_vf v, int nr, bool first) {
-    if (nr == GM_MR) {
-        gm_storef(y, first ? v : gm_add(v, gm_loadf(y)));
-        return;
-    }
-    float t[GM_MRF];
-    gm_storef(t, v);
-    for (int r = 0; r < nr; r++) y[r] = first ? t[r] : y[r] + t[r];
+#pragma GCC unroll 8
+    for (int c = 0; c < nc; c++) gm_put(y + (size_t)c * y_stride, facc[c], nr, k0 == 0);
 }
 
 /* the gemm of one quantized kind (kernels.h, tr_gemm_fn) */
@@ -414,23 +420,20 @@ TR_ALWAYS_INLINE void gm_gemm(const int kind, tr_type t, int64_t K, int64_t n_ro
             for (int64_t m0 = 0; m0 < M; m0 += GM_NR) {
                 const int nc = M - m0 < GM_NR ? (int)(M - m0) : GM_NR;
                 const char *a[GM_NR];
-                gm_vf facc[GM_NR];
-                for (int c = 0; c < GM_NR; c++) {
+                for (int c = 0; c < GM_NR; c++)
                     a[c] = A + (size_t)(m0 + (c < nc ? c : 0)) * act_stride;
-                    facc[c] = gm_zerof();
-                }
+                float *yt = y + (size_t)m0 * y_stride + r0;
                 switch (nc) {
 #define GM_CASE(n)                                                                                 \
-    case n: gm_tile(kind, n, k0, kc, codes, ws, wm, a, ap, facc); break;
+    case n: gm_tile(kind, n, k0, kc, codes, ws, wm, a, ap, yt, y_stride, nr); break;
                     GM_CASE(1) GM_CASE(2) GM_CASE(3)
 #if GM_NR > 4
                     GM_CASE(4) GM_CASE(5) GM_CASE(6) GM_CASE(7)
 #endif
-                default: gm_tile(kind, GM_NR, k0, kc, codes, ws, wm, a, ap, facc); break;
+                default: gm_tile(kind, GM_NR, k0, kc, codes, ws, wm, a, ap, yt, y_stride, nr);
+                    break;
 #undef GM_CASE
                 }
-                for (int c = 0; c < nc; c++)
-                    gm_put(y + (size_t)(m0 + c) * y_stride + r0, facc[c], nr, k0 == 0);
             }
         }
     }
@@ -476,7 +479,10 @@ TR_ALWAYS_INLINE void gmf_panel(const int kind, const uint8_t *w, size_t rb, int
 }
 
 TR_ALWAYS_INLINE void gmf_tile(const int nc, int64_t k0, int64_t kc, const float *restrict p,
-                               const float *const *x, gm_vf (*acc)[2]) {
+                               const float *const *x, float *y, size_t y_stride, int nr) {
+    gm_vf acc[GM_NRF][2];
+#pragma GCC unroll 12
+    for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = gm_zerof();
 #pragma GCC unroll 2
     for (int64_t k = 0; k < kc; k++) {
         const gm_vf w0 = gm_loadf(p + k * GM_MRF), w1 = gm_loadf(p + k * GM_MRF + GM_MRF / 2);
@@ -486,6 +492,12 @@ TR_ALWAYS_INLINE void gmf_tile(const int nc, int64_t k0, int64_t kc, const float
             acc[c][0] = gm_fma(w0, b, acc[c][0]);
             acc[c][1] = gm_fma(w1, b, acc[c][1]);
         }
+    }
+#pragma GCC unroll 12
+    for (int c = 0; c < nc; c++) {
+        float *yc = y + (size_t)c * y_stride;
+        gm_put(yc, acc[c][0], nr < GM_MR ? nr : GM_MR, k0 == 0);
+        if (nr > GM_MR) gm_put(yc + GM_MR, acc[c][1], nr - GM_MR, k0 == 0);
     }
 }
 
@@ -502,31 +514,19 @@ TR_ALWAYS_INLINE void gmf_gemm(const int kind, int64_t K, int64_t n_rows, int64_
             for (int64_t m0 = 0; m0 < M; m0 += GM_NRF) {
                 const int nc = M - m0 < GM_NRF ? (int)(M - m0) : GM_NRF;
                 const float *x[GM_NRF];
-                gm_vf acc[GM_NRF][2];
-                for (int c = 0; c < GM_NRF; c++) {
+                for (int c = 0; c < GM_NRF; c++)
                     x[c] = (const float *)((const char *)act +
                                            (size_t)(m0 + (c < nc ? c : 0)) * act_stride);
-                    acc[c][0] = acc[c][1] = gm_zerof();
-                }
+                float *yt = y + (size_t)m0 * y_stride + r0;
                 switch (nc) {
 #define GMF_CASE(n)                                                                                \
-    case n: gmf_tile(n, k0, kc, p, x, acc); break;
+    case n: gmf_tile(n, k0, kc, p, x, yt, y_stride, nr); break;
                     GMF_CASE(1) GMF_CASE(2) GMF_CASE(3) GMF_CASE(4) GMF_CASE(5)
 #if GM_NRF > 6
                     GMF_CASE(6) GMF_CASE(7) GMF_CASE(8) GMF_CASE(9) GMF_CASE(10) GMF_CASE(11)
 #endif
-                default: gmf_tile(GM_NRF, k0, kc, p, x, acc); break;
+                default: gmf_tile(GM_NRF, k0, kc, p, x, yt, y_stride, nr); break;
 #undef GMF_CASE
-                }
-                for (int c = 0; c < nc; c++) {
-                    float *yc = y + (size_t)(m0 + c) * y_stride + r0;
-                    const int n0 = nr < GM_MRF / 2 ? nr : GM_MRF / 2;
-                    gm_put(yc, acc[c][0], n0 == GM_MRF / 2 ? GM_MR : n0, k0 == 0);
-                    if (nr > GM_MRF / 2) {
-                        const int n1 = nr - GM_MRF / 2;
-                        gm_put(yc + GM_MRF / 2, acc[c][1], n1 == GM_MRF / 2 ? GM_MR : n1,
-                               k0 == 0);
-                    }
                 }
             }
         }
