@@ -22,7 +22,7 @@
  * widened once by pmaddwd. Its 8-bit codes (Q8_0, IQ4_NL, IQ4_XS: value + 128 would saturate
  * maddubs) stay signed and use the sign trick, |w|·sign(a, w), instead of corr.
  *
- * The float types are decoded to f32 panels [k][GM_MRF rows] and multiplied with broadcast
+ * F16 and BF16 are decoded to f32 panels [k][GM_MRF rows] and multiplied with broadcast
  * FMAs, GM_MRF × GM_NRF outputs in registers.
  */
 #ifndef TR_TENSOR_X86_GEMM_X86_H
@@ -214,26 +214,6 @@ TR_ALWAYS_INLINE __m256i gm_dec32(const int kind, const uint8_t *row, int64_t e,
     }
 }
 
-/* 8 vectors of 8 dwords (row i, dword j) -> (dword j, row i) */
-TR_ALWAYS_INLINE void gm_transpose8(__m256i *v) {
-    __m256i t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
-        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* u[0..3]: rows 0-3 in each lane, dwords (0,4) (1,5) (2,6) (3,7); u[4..7]: rows 4-7 */
-    for (int j = 0; j < 4; j++) {
-        v[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
-        v[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
-    }
-}
-
 /* Decodes rows [0, nr) (nr <= GM_MR; the rest of the panel is zero) and elements [k0, k0+kc)
  * into codes [kc/4][GM_MR][4], ws and wm [kc/sub][GM_MR]. */
 TR_ALWAYS_INLINE void gm_panel(const int kind, const uint8_t *w, size_t rb, int nr, int64_t k0,
@@ -253,7 +233,7 @@ TR_ALWAYS_INLINE void gm_panel(const int kind, const uint8_t *w, size_t rb, int 
                     if (gm_min(kind)) wm[(e / S + j) * GM_MR + r] = m[j];
                 }
             }
-            gm_transpose8(v);
+            tr_transpose8x8(v);
             for (int g = 0; g < 8; g++)
                 _mm256_storeu_si256((__m256i *)(codes + ((e / 4 + g) * GM_MR + r0) * 4), v[g]);
         }
@@ -322,9 +302,10 @@ TR_ALWAYS_INLINE void gm_tile(const int kind, const int nc, int64_t k0, int64_t 
                               const uint8_t *restrict codes, const float *restrict ws,
                               const float *restrict wm, const char *const *a,
                               tr_gemm_act_parts ap, float *y, size_t y_stride, int nr) {
-    gm_vf facc[GM_NR];
+    /* two accumulators per output, for even and odd sub-blocks: half the rounding chain */
+    gm_vf facc2[2][GM_NR];
 #pragma GCC unroll 8
-    for (int c = 0; c < nc; c++) facc[c] = gm_zerof();
+    for (int c = 0; c < nc; c++) facc2[0][c] = facc2[1][c] = gm_zerof();
     const int S = gm_sub(kind), G = S / 4, act = gm_act(kind);
     const bool corr = gm_uses_corr(kind), mn = gm_min(kind);
     /* the K-quants' per-super-block accumulators need registers AVX2 does not have: there
@@ -336,6 +317,7 @@ TR_ALWAYS_INLINE void gm_tile(const int kind, const int nc, int64_t k0, int64_t 
     const int64_t nsub = kc / S;
     for (int64_t s = 0; s < nsub; s++) {
         const int64_t e = k0 + s * S;
+        gm_vf *facc = facc2[s & 1];
         const uint8_t *cp = codes + (size_t)s * (size_t)G * GM_MR * 4;
         gm_vi iacc[GM_NR];
 #pragma GCC unroll 8
@@ -398,7 +380,8 @@ TR_ALWAYS_INLINE void gm_tile(const int kind, const int nc, int64_t k0, int64_t 
         }
     }
 #pragma GCC unroll 8
-    for (int c = 0; c < nc; c++) gm_put(y + (size_t)c * y_stride, facc[c], nr, k0 == 0);
+    for (int c = 0; c < nc; c++)
+        gm_put(y + (size_t)c * y_stride, gm_add(facc2[0][c], facc2[1][c]), nr, k0 == 0);
 }
 
 /* the gemm of one quantized kind (kernels.h, tr_gemm_fn) */
@@ -441,11 +424,10 @@ TR_ALWAYS_INLINE void gm_gemm(const int kind, tr_type t, int64_t K, int64_t n_ro
 
 /* ----------------------------------------------------------------------------- float types */
 
-enum { GMF_F32, GMF_F16, GMF_BF16 };
+enum { GMF_F16, GMF_BF16 };
 
 /* 8 elements of a weight row as f32 */
 TR_ALWAYS_INLINE __m256 gmf_load8(int kind, const uint8_t *p) {
-    if (kind == GMF_F32) return _mm256_loadu_ps((const float *)p);
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
     if (kind == GMF_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -455,7 +437,7 @@ TR_ALWAYS_INLINE __m256 gmf_load8(int kind, const uint8_t *p) {
  * ragged end of a row is padded with zeros, as are rows past nr) */
 TR_ALWAYS_INLINE void gmf_panel(const int kind, const uint8_t *w, size_t rb, int nr, int64_t k0,
                                 int64_t kc, float *restrict p) {
-    const size_t eb = kind == GMF_F32 ? 4 : 2;
+    const size_t eb = 2;
     for (int64_t e = 0; e < kc; e += 8) {
         const int64_t n8 = kc - e < 8 ? kc - e : 8;
         for (int r0 = 0; r0 < GM_MRF; r0 += 8) {
@@ -472,7 +454,7 @@ TR_ALWAYS_INLINE void gmf_panel(const int kind, const uint8_t *w, size_t rb, int
                     v[i] = gmf_load8(kind, buf);
                 }
             }
-            gm_transpose8((__m256i *)v);
+            tr_transpose8x8((__m256i *)v);
             for (int j = 0; j < 8; j++) _mm256_storeu_ps(p + (e + j) * GM_MRF + r0, v[j]);
         }
     }
@@ -562,7 +544,6 @@ GM_ENTRY(gm_gemm_iq4_xs, GM_IQ4_XS, TR_TYPE_IQ4_XS)
                      size_t act_stride) {                                                          \
         gmf_gemm(kind, K, n_rows, M, y, y_stride, w, row_bytes, act, act_stride);                 \
     }
-GMF_ENTRY(gm_gemm_f32, GMF_F32)
 GMF_ENTRY(gm_gemm_f16, GMF_F16)
 GMF_ENTRY(gm_gemm_bf16, GMF_BF16)
 #undef GMF_ENTRY
@@ -582,7 +563,8 @@ static inline void gm_fill(tr_kernels *k) {
     k->gemm[TR_TYPE_Q5_K] = gm_gemm_q5_k;
     k->gemm[TR_TYPE_Q6_K] = gm_gemm_q6_k;
     k->gemm[TR_TYPE_IQ4_XS] = gm_gemm_iq4_xs;
-    k->gemm[TR_TYPE_F32] = gm_gemm_f32;
+    /* F32 weights keep the per-row kernels: in GGUF files they are the small matrices (MoE
+     * routers), and with them a batch gives the bits one row at a time gives (test_model) */
     k->gemm[TR_TYPE_F16] = gm_gemm_f16;
     k->gemm[TR_TYPE_BF16] = gm_gemm_bf16;
     k->gemm_rows = GM_MRF; /* a multiple of GM_MR */
