@@ -53,73 +53,98 @@ static void project(tr_model *m, tr_scratch *sc, const tr_mat *W, int32_t rows, 
 /* ---------------------------------------------------------------------------------------------- */
 /* attention                                                                                      */
 
+/* The full policy's attention: tasks of one KV head and a block of consecutive rows (tr_attn's
+ * tiles: the block's positions × the KV head's query heads, at most TR_ATTN_MAX_Q vectors), so
+ * each block of K and V is converted once for the whole tile. With too few such tasks for the
+ * threads (decode), the query heads of a KV head are split into smaller groups. */
 typedef struct attn_job {
     tr_model *m;
     tr_scratch *sc;
     int32_t layer, rows;
     float scale;
+    int32_t rows_per_block, n_blocks, heads_per_task, n_sub; /* n_sub: tasks per KV head */
     atomic_int_fast64_t next;
 } attn_job;
 
-/* one (row, head): scores against every visible key, softmax, weighted sum of V — with the F16
- * roundings of llama.cpp's non-flash path (q and the probabilities are rounded to F16 because
- * its matmuls against the F16 cache convert the other operand to F16) */
-static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
+/* rows [r0, r1) of one session, query heads [h0, h1) of KV head kvh */
+static void attend_tile(attn_job *j, int ith, int32_t r0, int32_t r1, int32_t kvh, int32_t h0,
+                        int32_t h1) {
     tr_model *m = j->m;
     tr_scratch *sc = j->sc;
     const tr_hparams *hp = &m->hp;
     const tr_layer *L = &m->layers[j->layer];
-    const struct tr_session *s = sc->row_sess[r];
-    const int32_t pos = sc->row_pos[r];
+    const struct tr_session *s = sc->row_sess[r0];
     const int32_t hdk = hp->head_dim_k, hdv = hp->head_dim_v;
-    const int32_t kvh = h / (L->n_head / L->n_head_kv);
-    const size_t k_stride = (size_t)L->n_head_kv * hdk;
-    int32_t j0 = 0;
-    if (L->swa && hp->n_swa > 0 && pos >= hp->n_swa) j0 = pos - hp->n_swa + 1;
-    const int32_t n = pos - j0 + 1;
-
-    float *scores = sc->scores + (size_t)ith * sc->n_ctx_cap;
-    uint16_t *p16 = sc->p16 + (size_t)ith * sc->n_ctx_cap;
-    uint16_t *q16 = sc->q16 + (size_t)ith * hdk;
-    const float *q = sc->q + (size_t)r * hp->n_head_max * hdk + (size_t)h * hdk;
-    for (int32_t d = 0; d < hdk; d++) q16[d] = tr_f32_to_f16(q[d]);
-
-    const tr_vec_dot_fn dot16 = m->kern->vec_dot[TR_TYPE_F16];
-    const uint16_t *K = tr_sess_k(s, j->layer) + (size_t)kvh * hdk;
-    float mx = -INFINITY;
-    for (int32_t t = 0; t < n; t++) {
-        float v;
-        dot16(hdk, &v, K + (size_t)(j0 + t) * k_stride, q16);
-        v *= j->scale;
-        scores[t] = v;
-        if (v > mx) mx = v;
+    tr_attn_q qs[TR_ATTN_MAX_Q];
+    int n = 0;
+    for (int32_t r = r0; r < r1; r++) {
+        const int32_t pos = sc->row_pos[r];
+        int32_t lo = 0;
+        if (L->swa && hp->n_swa > 0 && pos >= hp->n_swa) lo = pos - hp->n_swa + 1;
+        for (int32_t h = h0; h < h1; h++)
+            qs[n++] = (tr_attn_q){
+                .q = sc->q + (size_t)r * hp->n_head_max * hdk + (size_t)h * hdk,
+                .out = sc->att + (size_t)r * hp->n_head_max * hdv + (size_t)h * hdv,
+                .lo = lo,
+                .hi = pos,
+                .sink = L->sinks ? L->sinks[h] : -INFINITY,
+            };
     }
-    /* gpt-oss sinks: an extra logit per head in the denominator, with no value vector */
-    const float sink = L->sinks ? L->sinks[h] : -INFINITY;
-    if (sink > mx) mx = sink;
-    double sum = 0.0;
-    for (int32_t t = 0; t < n; t++) {
-        const float e = expf(scores[t] - mx);
-        scores[t] = e;
-        sum += (double)e;
-    }
-    if (L->sinks) sum += (double)expf(sink - mx);
-    const float inv = (float)(1.0 / sum);
-    for (int32_t t = 0; t < n; t++) p16[t] = tr_f32_to_f16(scores[t] * inv);
-
-    const uint16_t *VT = tr_sess_vt(s, j->layer) + (size_t)kvh * hdv * s->n_ctx;
-    float *out = sc->att + (size_t)r * hp->n_head_max * hdv + (size_t)h * hdv;
-    for (int32_t d = 0; d < hdv; d++) dot16(n, &out[d], VT + (size_t)d * s->n_ctx + j0, p16);
+    const tr_attn_kv kv = {
+        .k = tr_sess_k(s, j->layer) + (size_t)kvh * hdk,
+        .k_pos = (size_t)L->n_head_kv * hdk,
+        .v = tr_sess_vt(s, j->layer) + (size_t)kvh * hdv * s->n_ctx, /* V transposed */
+        .v_pos = 1,
+        .v_dim = (size_t)s->n_ctx,
+        .hd_k = hdk,
+        .hd_v = hdv,
+        .scale = j->scale,
+    };
+    tr_attn_f16_of(m->kern)(n, qs, &kv, sc->attn_scratch + (size_t)ith * sc->attn_floats);
 }
 
 static void attn_task(void *ctx, int ith, int nth) {
     (void)nth;
     attn_job *j = ctx;
-    const int32_t n_head = j->m->layers[j->layer].n_head;
-    const int64_t total = (int64_t)j->rows * n_head;
+    const tr_layer *L = &j->m->layers[j->layer];
+    const int32_t G = L->n_head / L->n_head_kv;
+    const int64_t per_block = (int64_t)L->n_head_kv * j->n_sub;
+    const int64_t total = (int64_t)j->n_blocks * per_block;
     int64_t b, e;
-    while (tr_claim(&j->next, total, 4, &b, &e))
-        for (int64_t i = b; i < e; i++) attend_one(j, ith, (int32_t)(i / n_head), (int32_t)(i % n_head));
+    while (tr_claim(&j->next, total, 1, &b, &e)) {
+        /* the last blocks first: they see the most keys, and the threads then finish together */
+        const int32_t blk = j->n_blocks - 1 - (int32_t)(b / per_block);
+        const int32_t kvh = (int32_t)(b % per_block / j->n_sub), sub = (int32_t)(b % j->n_sub);
+        const int32_t h0 = kvh * G + sub * j->heads_per_task;
+        const int32_t h1 = h0 + j->heads_per_task < (kvh + 1) * G ? h0 + j->heads_per_task : (kvh + 1) * G;
+        const int32_t r0 = blk * j->rows_per_block;
+        const int32_t r1 = r0 + j->rows_per_block < j->rows ? r0 + j->rows_per_block : j->rows;
+        /* a block's rows may belong to several sessions (batched decode): a tile per session */
+        for (int32_t a = r0, z; a < r1; a = z) {
+            z = a + 1;
+            while (z < r1 && j->sc->row_sess[z] == j->sc->row_sess[a]) z++;
+            attend_tile(j, ith, a, z, kvh, h0, h1);
+        }
+    }
+}
+
+static void full_attention(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
+    const tr_layer *L = &m->layers[l];
+    const int32_t G = L->n_head / L->n_head_kv;
+    const int nth = tr_pool_size(m->pool);
+    attn_job j = {.m = m, .sc = sc, .layer = l, .rows = rows,
+                  .scale = m->arch->q_prescale ? 1.0f : m->hp.attn_scale};
+    j.heads_per_task = G < TR_ATTN_MAX_Q ? G : TR_ATTN_MAX_Q;
+    j.rows_per_block = TR_ATTN_MAX_Q / j.heads_per_task;
+    j.n_blocks = (rows + j.rows_per_block - 1) / j.rows_per_block;
+    /* decode: fewer tiles than a few per thread -> smaller head groups */
+    while (j.heads_per_task > 1 &&
+           (int64_t)j.n_blocks * L->n_head_kv * ((G + j.heads_per_task - 1) / j.heads_per_task) <
+               4 * nth)
+        j.heads_per_task = (j.heads_per_task + 1) / 2;
+    j.n_sub = (G + j.heads_per_task - 1) / j.heads_per_task;
+    atomic_init(&j.next, 0);
+    tr_pool_run(m->pool, attn_task, &j);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -288,10 +313,7 @@ static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t
         if (!st) st = managed_attention(m, sc, l, rows, err);
         if (st) return st;
     } else {
-        attn_job j = {.m = m, .sc = sc, .layer = l, .rows = rows,
-                      .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale};
-        atomic_init(&j.next, 0);
-        tr_pool_run(m->pool, attn_task, &j);
+        full_attention(m, sc, l, rows);
     }
 
     /* pack the per-head outputs [rows][n_head * hdv] and project */

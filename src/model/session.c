@@ -176,9 +176,9 @@ static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, in
     TAKE(g, R * (size_t)hp->n_ff_max * 4);
     TAKE(u, R * (size_t)hp->n_ff_max * 4);
     TAKE(mm, mm_scratch_bytes(m, n_batch));
-    TAKE(scores, (size_t)nth * (size_t)n_ctx * 4);
-    TAKE(p16, (size_t)nth * (size_t)n_ctx * 2);
-    TAKE(q16, (size_t)nth * (size_t)hp->head_dim_k * 2);
+    const size_t attn_floats = (tr_attn_scratch_floats(n_ctx, hp->head_dim_k, hp->head_dim_v) + 15) & ~(size_t)15;
+    if (base) sc->attn_floats = attn_floats;
+    TAKE(attn_scratch, (size_t)nth * attn_floats * 4);
     TAKE(row_sess, R * sizeof(tr_session *));
     TAKE(row_pos, R * 4);
     TAKE(rope_cs, R * (size_t)hp->n_rot * 4);

@@ -25,9 +25,8 @@ typedef struct tr_scratch {
     float *g, *u;    /* [rows][n_ff] */
     void *mm;        /* activation quantization scratch of tr_matmul */
     int nth;         /* attention buffers per thread */
-    float *scores;   /* [nth][n_ctx] */
-    uint16_t *p16;   /* [nth][n_ctx] */
-    uint16_t *q16;   /* [nth][hd_k] */
+    float *attn_scratch; /* [nth][attn_floats]: the attention kernel's (tr_attn_scratch_floats) */
+    size_t attn_floats;
     /* per row bookkeeping */
     struct tr_session **row_sess;
     int32_t *row_pos;

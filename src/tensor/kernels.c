@@ -146,6 +146,10 @@ void tr_axpy_f16_ref(int64_t n, float *restrict out, const uint16_t *restrict v,
     for (int64_t d = 0; d < n; d++) out[d] += p * tr_f16_to_f32(v[d]);
 }
 
+tr_attn_fn tr_attn_f16_of(const tr_kernels *k) {
+    return k->attn_f16 ? k->attn_f16 : tr_attn_f16_ref;
+}
+
 tr_axpy_f16_fn tr_axpy_f16_of(const tr_kernels *k) {
     return k->axpy_f16 ? k->axpy_f16 : tr_axpy_f16_ref;
 }

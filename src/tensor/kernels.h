@@ -93,6 +93,39 @@ typedef void (*tr_gemm_fn)(int64_t K, int64_t n_rows, int64_t M, float *restrict
                            size_t y_stride, const void *restrict w, size_t row_bytes,
                            const void *restrict act, size_t act_stride);
 
+/* ------------------------------------------------------------ attention over F16 K/V
+ * Softmax attention of up to TR_ATTN_MAX_Q query vectors (the query heads of one KV head, at
+ * several positions) against one KV head's F16 keys and values, with llama.cpp's non-flash
+ * roundings (what the parity references hold): each query rounded to F16, scores
+ * q·k · scale in f32, exp(s - max) summed in double (a sink adds exp(sink - max) and takes part
+ * in the max), probabilities e / sum rounded to F16, outputs Σ p·v in f32. A family's kernel
+ * tiles it: each block of TR_ATTN_KB keys and values is converted to f32 once for all the
+ * queries, and the scores of the tile stay in cache between the passes. */
+#define TR_ATTN_MAX_Q 16
+#define TR_ATTN_KB 64
+
+typedef struct tr_attn_q {
+    const float *q; /* hd_k values */
+    float *out;     /* hd_v values */
+    int32_t lo, hi; /* the visible keys: positions lo..hi */
+    float sink;     /* extra logit in the softmax's denominator; -INFINITY: none */
+} tr_attn_q;
+
+typedef struct tr_attn_kv {
+    const uint16_t *k; /* K(t, d) = k[t * k_pos + d] */
+    size_t k_pos;
+    const uint16_t *v; /* V(t, d) = v[t * v_pos + d * v_dim] (rows, or transposed) */
+    size_t v_pos, v_dim;
+    int32_t hd_k, hd_v;
+    float scale;
+} tr_attn_kv;
+
+typedef void (*tr_attn_fn)(int n_q, const tr_attn_q *q, const tr_attn_kv *kv, float *scratch);
+/* floats of scratch one call needs when no query sees more than n_keys keys (64-byte aligned) */
+size_t tr_attn_scratch_floats(int32_t n_keys, int32_t hd_k, int32_t hd_v);
+/* the scalar reference, one query at a time */
+void tr_attn_f16_ref(int n_q, const tr_attn_q *q, const tr_attn_kv *kv, float *scratch);
+
 typedef struct tr_kernels {
     const char *isa; /* "scalar", "avx2", "avx512" */
     tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
@@ -108,6 +141,12 @@ typedef struct tr_kernels {
      * between threads in units of gemm_rows weight rows */
     tr_gemm_fn gemm[TR_TYPE_COUNT];
     int gemm_rows, gemm_min_m;
+    tr_attn_fn attn_f16; /* optional (NULL: tr_attn_f16_ref) */
+    /* optional element-wise ops of the forward pass (NULL: the tr_*_ref below): y = x / sqrt(mean(x²) + eps) · w (w may be NULL);
+     * g = silu(g) · u; g = gelu(g) · u with GELU from an F16 table (65536 entries + padding) */
+    void (*rmsnorm)(float *y, const float *x, const float *w, int64_t n, float eps);
+    void (*swiglu)(float *g, const float *u, int64_t n);
+    void (*geglu)(float *g, const float *u, int64_t n, const uint16_t *table);
 } tr_kernels;
 
 /* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */
@@ -127,6 +166,16 @@ void tr_axpy_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, int n
 /* the scalar reference of axpy_f16, and k->axpy_f16 where the family has one */
 void tr_axpy_f16_ref(int64_t n, float *restrict out, const uint16_t *restrict v, float p);
 tr_axpy_f16_fn tr_axpy_f16_of(const tr_kernels *k);
+
+/* the element-wise kernels' scalar references (src/tensor/ew.c) */
+void tr_rmsnorm_ref(float *y, const float *x, const float *w, int64_t n, float eps);
+void tr_swiglu_ref(float *g, const float *u, int64_t n);
+void tr_geglu_ref(float *g, const float *u, int64_t n, const uint16_t *table);
+/* GELU of x from the table, as tr_geglu_ref applies it */
+float tr_gelu_lookup(float x, const uint16_t *table);
+
+/* k->attn_f16 where the family has one, else the reference */
+tr_attn_fn tr_attn_f16_of(const tr_kernels *k);
 
 /* the best family this CPU runs (lowered by TERRACE_ISA); initialised once, thread-safe */
 const tr_kernels *tr_kernels_best(void);

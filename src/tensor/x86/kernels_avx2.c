@@ -7,6 +7,8 @@
 
 #if defined(__x86_64__)
 
+#include "tensor/x86/attn_x86.h"
+#include "tensor/x86/ew_x86.h"
 #include "tensor/x86/gemm_x86.h"
 #include "tensor/x86/simd_common.h"
 #include "tensor/x86/ymm_float.h"
@@ -170,6 +172,10 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
     k->from_float[TR_TYPE_Q8_K] = avx2_quant_q8_k;
     k->axpy_f16 = ymm_axpy_f16;
     gm_fill(k);
+    k->attn_f16 = av_attn_f16;
+    k->rmsnorm = av_rmsnorm;
+    k->swiglu = av_swiglu;
+    k->geglu = av_geglu;
 }
 
 #else
