@@ -4,6 +4,7 @@
 #   make demo       install what is missing, build, run the main job on the default model
 #   make bench-kernels   matvec bandwidth table (not part of make test)
 #   make fuzz       run the GGUF reader fuzzer for FUZZ_SECONDS (default 300)
+#   make fuzz-jinja run the chat-template engine's fuzzer for FUZZ_SECONDS
 
 CC      ?= cc
 ARCH    := $(shell $(CC) -dumpmachine | cut -d- -f1)
@@ -19,12 +20,11 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno $(INC) $(
 INC = -Iinclude -Isrc
 TOOLS_INC = -Iinclude
 INC_tools/replay.c := -Isrc
-INC_tools/chat.c := -Isrc
 OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
-LDLIBS  := -lpcre2-8 -lxxhash -lpthread -lm
-CLI_LIBS := -lcjson
+LDLIBS  := -lpcre2-8 -lxxhash -lcjson -lpthread -lm
+CLI_LIBS :=
 
 LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c src/tensor/x86/hash_avx2.c
@@ -52,8 +52,8 @@ VERSION := $(shell sed -n 's/^\#define TR_VERSION_STRING "\(.*\)"/\1/p' include/
 MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include/terrace.h)
 SONAME  := libterrace.so.$(MAJOR)
 
-.PHONY: all test demo deps clean peer parity bench bench-moe bench-kv bench-kv-quality bench-replay \
-        bench-kernels cross-aarch64 fuzz fuzz-build format
+.PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-kv \
+        bench-kv-quality bench-replay bench-kernels cross-aarch64 fuzz fuzz-build fuzz-jinja format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
@@ -80,6 +80,52 @@ $(BUILD)/terrace: $(CLI_OBJ) $(BUILD)/libterrace.a
 # the KV cache's storage agent, a process of its own (src/kv/csd.h)
 $(BUILD)/terrace-storaged: $(BUILD)/src/agent/storaged.o $(BUILD)/libterrace.a
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libterrace.a $(LDLIBS)
+
+# ---- install ------------------------------------------------------------------------------------
+# make install PREFIX=/usr/local DESTDIR=/tmp/stage  (uninstall takes the same variables)
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR     ?= $(PREFIX)/share/man
+DOCDIR     ?= $(PREFIX)/share/doc/terrace
+PCDIR      ?= $(LIBDIR)/pkgconfig
+# paths under the prefix are written relative to it, so pkg-config --define-prefix can move them
+pcpath = $(patsubst $(PREFIX)%,$${prefix}%,$(1))
+
+$(BUILD)/terrace.pc: Makefile include/terrace.h
+	@mkdir -p $(dir $@)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call pcpath,$(LIBDIR))' \
+	    'includedir=$(call pcpath,$(INCLUDEDIR))' '' 'Name: terrace' \
+	    'Description: run GGUF language models on machines whose memory is smaller than the model' \
+	    'Version: $(VERSION)' 'Libs: -L$${libdir} -lterrace' 'Libs.private: $(LDLIBS)' \
+	    'Cflags: -I$${includedir}' >$@
+
+$(BUILD)/terrace.1: man/terrace.1 include/terrace.h
+	@mkdir -p $(dir $@)
+	sed 's/@VERSION@/$(VERSION)/' $< >$@
+
+install: all $(BUILD)/libterrace.a $(BUILD)/terrace.pc $(BUILD)/terrace.1
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) \
+	    $(DESTDIR)$(PCDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(DOCDIR)
+	install -m 755 $(BUILD)/terrace $(BUILD)/terrace-storaged $(DESTDIR)$(BINDIR)/
+	install -m 755 $(BUILD)/libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libterrace.so
+	install -m 644 $(BUILD)/libterrace.a $(DESTDIR)$(LIBDIR)/
+	install -m 644 include/terrace.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(BUILD)/terrace.pc $(DESTDIR)$(PCDIR)/
+	install -m 644 $(BUILD)/terrace.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 LICENSE README.md $(DESTDIR)$(DOCDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/terrace $(DESTDIR)$(BINDIR)/terrace-storaged \
+	    $(DESTDIR)$(LIBDIR)/libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	    $(DESTDIR)$(LIBDIR)/libterrace.so $(DESTDIR)$(LIBDIR)/libterrace.a \
+	    $(DESTDIR)$(INCLUDEDIR)/terrace.h $(DESTDIR)$(PCDIR)/terrace.pc \
+	    $(DESTDIR)$(MANDIR)/man1/terrace.1 $(DESTDIR)$(DOCDIR)/LICENSE $(DESTDIR)$(DOCDIR)/README.md
+	-rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null
 
 # ---- tests --------------------------------------------------------------------------------------
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -161,7 +207,8 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libterrace.a
 
 # ---- fuzzing (clang + libFuzzer) ----------------------------------------------------------------
 FUZZ_SECONDS ?= 300
-FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+               -fno-omit-frame-pointer
 
 # the reader and what it links against; no SIMD files (nothing of theirs is reachable from it)
 FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/tensor/types.c src/tensor/dequant.c \
@@ -171,11 +218,24 @@ build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard src/*/*.h include/
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LDLIBS)
 
-fuzz-build: build/fuzz/fuzz_gguf
+# the template engine and the reasoning splitter, nothing else
+FUZZ_JINJA_SRC := $(wildcard src/text/jinja_*.c) src/text/reasoning.c src/core/error.c
+
+build/fuzz/fuzz_jinja: fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) $(wildcard src/*/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) -lm
+
+fuzz-build: build/fuzz/fuzz_gguf build/fuzz/fuzz_jinja
 
 fuzz: deps build/fuzz/fuzz_gguf
 	@mkdir -p fuzz/corpus
 	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 fuzz/corpus
+
+# new inputs go to fuzz/corpus-jinja; the shared chat templates seed it (read only)
+fuzz-jinja: deps build/fuzz/fuzz_jinja
+	@mkdir -p fuzz/corpus-jinja
+	build/fuzz/fuzz_jinja -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
+	    -dict=fuzz/jinja.dict fuzz/corpus-jinja $(wildcard ../shared/testdata/templates)
 
 format:
 	clang-format -i $(wildcard include/*.h src/*/*.[ch] src/*/*/*.[ch] tools/*.[ch] tests/*.[ch] bench/*.c fuzz/*.c)

@@ -628,6 +628,102 @@ typedef bool (*tr_abort_fn)(void *user);
  * to undo, or evaluate the rest later). */
 TR_API void tr_session_set_abort(tr_session *s, tr_abort_fn fn, void *user);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Chat templates and reasoning                                                                   */
+/*
+ * A chat template turns a conversation into the prompt text the model was trained on. terrace
+ * renders the GGUF's own `tokenizer.chat_template` (Jinja) exactly as Python's jinja2 does in
+ * Hugging Face's apply_chat_template, or one of the built-in formats by name (chatml, llama3,
+ * gemma, mistral-v1/v3/v3-tekken/v7/v7-tekken, llama2 variants).
+ */
+
+typedef struct tr_chat_message {
+    const char *role;    /* "system", "user", "assistant", "tool", ... */
+    const char *content;
+} tr_chat_message;
+
+typedef struct tr_chat_template tr_chat_template;
+
+/* name_or_path: NULL or "" for the model's own tokenizer.chat_template (a model without one
+ * falls back to the built-in format of its family where there is one, else fails naming
+ * --chat-template); the name of a template the file carries (tokenizer.chat_template.NAME, e.g.
+ * "tool_use"); a built-in format's name; a .jinja file; or Jinja text itself. The model's BOS and
+ * EOS token texts become the bos_token / eos_token variables. */
+TR_API tr_status tr_chat_template_load(const tr_model *m, const char *name_or_path,
+                                       tr_chat_template **out, tr_error *err);
+/* the same from an open GGUF file (no weights needed) */
+TR_API tr_status tr_chat_template_load_gguf(const tr_gguf *g, const char *name_or_path,
+                                            tr_chat_template **out, tr_error *err);
+/* a Jinja template from text; bos_token / eos_token may be NULL (the variables are then
+ * undefined) */
+TR_API tr_status tr_chat_template_from_string(const char *source, const char *bos_token,
+                                              const char *eos_token, tr_chat_template **out,
+                                              tr_error *err);
+/* "chatml" for a built-in, the file name for a file, "<family> (model)" for the model's template */
+TR_API const char *tr_chat_template_name(const tr_chat_template *t);
+/* Jinja text, or NULL for a built-in */
+TR_API const char *tr_chat_template_source(const tr_chat_template *t);
+/*
+ * Renders a conversation. messages: either msgs[n] or messages_json (an OpenAI-style JSON array,
+ * which may carry tool_calls, content parts, reasoning_content ...; takes precedence when not
+ * NULL). context_json: a JSON object of extra template variables (tools, enable_thinking,
+ * reasoning_effort ...) or NULL. now_iso ("2025-01-15T12:00:00"): the time strftime_now formats,
+ * or NULL for the local time. *out is malloc'd; free it with tr_free. Template errors (a
+ * raise_exception in the template, a value it cannot use) are TR_E_FORMAT with jinja2's message;
+ * constructs the engine does not implement are TR_E_UNSUPPORTED, naming them.
+ */
+TR_API tr_status tr_chat_template_apply(const tr_chat_template *t, const tr_chat_message *msgs,
+                                        size_t n, const char *messages_json,
+                                        const char *context_json, bool add_generation_prompt,
+                                        const char *now_iso, char **out, tr_error *err);
+/* strings that end the assistant's turn for this template's family ("<|im_end|>" ...),
+ * NULL-terminated; stopping at the tokenizer's end-of-generation tokens covers most models, these
+ * cover files whose end-of-generation set misses the turn end */
+TR_API const char *const *tr_chat_template_stop_strings(const tr_chat_template *t);
+TR_API void tr_chat_template_free(tr_chat_template *t);
+/* frees what the library allocated for the caller (rendered prompts, ...) */
+TR_API void tr_free(void *p);
+
+/*
+ * Reasoning: separates a reply's reasoning from its answer as the text is generated, for display
+ * and for an API's reasoning_content. Formats: gpt-oss harmony channels (analysis -> reasoning,
+ * final and commentary -> answer), <think>...</think> at the start of a reply (Qwen3, DeepSeek-R1;
+ * a prompt that ends inside an open <think>, as DeepSeek-R1's template leaves it, starts the reply
+ * in reasoning). Plain text passes through as answer. A marker split across pieces is held back
+ * until it is complete.
+ */
+typedef enum tr_reasoning_format {
+    TR_REASONING_AUTO = 0, /* from the template and the prompt */
+    TR_REASONING_NONE,     /* everything is answer, markers included (llama.cpp's
+                              --reasoning-format none) */
+} tr_reasoning_format;
+
+typedef struct tr_reasoning tr_reasoning;
+
+/* the text of one feed that became certain: reasoning first, then answer (pieces are tokens, so
+ * one feed rarely holds both); valid until the next call */
+typedef struct tr_reasoning_delta {
+    const char *reasoning;
+    size_t reasoning_len;
+    const char *answer;
+    size_t answer_len;
+} tr_reasoning_delta;
+
+/* t may be NULL (think tags only); prompt: the rendered prompt of this reply (its end says
+ * whether the reply starts inside <think>), may be NULL */
+TR_API tr_status tr_reasoning_create(const tr_chat_template *t, const char *prompt,
+                                     tr_reasoning_format fmt, tr_reasoning **out, tr_error *err);
+/* starts a new reply */
+TR_API tr_status tr_reasoning_reset(tr_reasoning *r, const char *prompt, tr_error *err);
+TR_API tr_status tr_reasoning_feed(tr_reasoning *r, const char *text, size_t len,
+                                   tr_reasoning_delta *out, tr_error *err);
+/* the end of the reply: releases text held back as a possible marker */
+TR_API tr_status tr_reasoning_finish(tr_reasoning *r, tr_reasoning_delta *out, tr_error *err);
+/* everything so far (NUL-terminated) */
+TR_API const char *tr_reasoning_text(const tr_reasoning *r, size_t *len);
+TR_API const char *tr_reasoning_answer(const tr_reasoning *r, size_t *len);
+TR_API void tr_reasoning_free(tr_reasoning *r);
+
 #ifdef __cplusplus
 }
 #endif

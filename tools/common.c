@@ -14,9 +14,10 @@
 enum {
     F_MODEL, F_PROMPT, F_FILE, F_NPRED, F_CTX, F_BATCH, F_THREADS, F_SEED, F_TEMP, F_TOPK, F_TOPP,
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
-    F_STOP, F_SYS, F_TEMPLATE, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
+    F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
     F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
+    F_REASONING,
 };
 
 typedef struct flag {
@@ -51,6 +52,7 @@ static const flag k_flags[] = {
     {"--stop,-r,--reverse-prompt", F_STOP, true, "TEXT stop when the output contains TEXT (repeatable)"},
     {"-sys,--system-prompt", F_SYS, true, "TEXT system prompt (chat)"},
     {"--chat-template", F_TEMPLATE, true, "NAME  chat template style: chatml, llama3, gemma, mistral"},
+    {"--reasoning-format", F_REASONING, true, "FMT chat: auto (default) shows a reply's reasoning (<think>, harmony's analysis) apart from the answer; none shows the reply as it is"},
     {"-v,--verbose", F_VERBOSE, false, "     print the prompt's tokens and more detail"},
     {"--json", F_JSON, false, "        machine-readable output (bench)"},
     {"--repetitions", F_REPS, true, "N  repetitions (bench; default 3)"},
@@ -84,6 +86,7 @@ static const flag k_flags[] = {
     {"--kv-host-keys", F_KVHOSTKEYS, true, "N  storage agent: the host keeps scoring keys for N recent positions per layer, its share's limit (default: all)"},
     {"--kv-app-rates", F_KVAPPRATES, true, "FC,FS,BC,BS storage agent: APP's rates instead of measured ones: host and agent scoring (M tokens/s: beta = FC/FS), hot-pool copies and agent rows (GB/s, reported); 0 = measure that one"},
     {"--chunks", F_CHUNKS, true, "N       perplexity: at most N chunks (default: all)"},
+    {"--jinja", F_JINJA, false, "       the chat template (llama.cpp's switch; chat always uses it, run formats -p as a user turn)"},
     {"-h,--help", F_HELP, false, "     this text"},
 };
 
@@ -223,6 +226,15 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             break;
         case F_SYS: o->system = v; break;
         case F_TEMPLATE: o->chat_template = v; break;
+        case F_REASONING:
+            /* llama.cpp's names; its "deepseek" is what auto does here */
+            if (!strcmp(v, "none")) o->reasoning_none = true;
+            else if (!strcmp(v, "auto") || !strcmp(v, "deepseek")) o->reasoning_none = false;
+            else {
+                cli_error("--reasoning-format expects auto or none, got '%s'", v);
+                return false;
+            }
+            break;
         case F_VERBOSE: o->verbose = true; break;
         case F_JSON: o->json = true; break;
         case F_REPS: if (!cli_parse_int(a, v, 1, 1000, &n)) return false; o->reps = (int32_t)n; break;
@@ -331,6 +343,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             o->kv.kv_bkp = v;
             break;
         case F_CHUNKS: if (!cli_parse_int(a, v, 1, 1 << 20, &n)) return false; o->n_chunks = (int32_t)n; break;
+        case F_JINJA: o->jinja = true; break;
         case F_HELP: usage(stdout); exit(0);
         }
     }
@@ -349,6 +362,26 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+
+volatile sig_atomic_t cli_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    cli_interrupted = 1;
+}
+
+void cli_catch_interrupt(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+bool cli_abort_on_interrupt(void *user) {
+    (void)user;
+    return cli_interrupted != 0;
+}
 
 double now_ms(void) {
     struct timespec ts;

@@ -5,6 +5,7 @@
 #ifndef TR_TOOLS_COMMON_H
 #define TR_TOOLS_COMMON_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -19,6 +20,7 @@ typedef struct gen_opts {
     int32_t n_predict;        /* -n; -1 = until end of generation or context */
     int32_t n_ctx, n_batch, n_threads;
     bool no_mmap, ignore_eos, no_display_prompt, escape, verbose;
+    bool reasoning_none; /* chat --reasoning-format none */
     tr_sampler_params sampling;
     const char *stop[16];
     int n_stop;
@@ -33,6 +35,7 @@ typedef struct gen_opts {
     const char *expert_policy;
     int expert_prefetch, io_threads;
     tr_session_params kv; /* the --kv-* flags (n_ctx/n_batch come from -c/-b) */
+    bool jinja;           /* --jinja: run formats -p as a chat turn with the chat template */
 } gen_opts;
 
 /* parses argv into o (defaults first); on a bad flag prints why and returns false */
@@ -59,6 +62,14 @@ char *read_file(const char *path, size_t *len);
 
 /* session parameters from -c, -b and the --kv-* flags */
 tr_session_params session_params(const gen_opts *o);
+
+/* Ctrl-C: after cli_catch_interrupt, SIGINT sets cli_interrupted instead of killing the process
+ * (without SA_RESTART, so a blocking read returns EINTR); cli_abort_on_interrupt is the sessions'
+ * abort callback, which stops an evaluation between chunks. */
+extern volatile sig_atomic_t cli_interrupted;
+void cli_catch_interrupt(void);
+bool cli_abort_on_interrupt(void *user);
+#define CLI_EXIT_INTERRUPT 130 /* as llama.cpp's tools */
 
 double now_ms(void);
 double peak_rss_mib(void);

@@ -71,7 +71,14 @@ bool gen_prefill(gen_state *g, tr_session *s, const int32_t *toks, size_t n, flo
     for (size_t done = 0; done < n;) {
         const int32_t k = n - done < (size_t)chunk ? (int32_t)(n - done) : chunk;
         const bool last = done + (size_t)k == n;
-        if (tr_session_eval(s, toks + done, k, last ? logits : NULL, false, &err)) {
+        const tr_status st = tr_session_eval(s, toks + done, k, last ? logits : NULL, false, &err);
+        if (st == TR_E_ABORTED) {
+            g->interrupted = true;
+            g->stopped_by = "interrupted";
+            g->prefill_ms += now_ms() - t0;
+            return false;
+        }
+        if (st) {
             cli_error("%s", err.msg);
             return false;
         }
@@ -90,6 +97,11 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
     const double t_start = now_ms();
     g->stopped_by = "limit";
     for (int32_t i = 0; o->n_predict < 0 || i < o->n_predict; i++) {
+        if (g->interrupt && *g->interrupt) {
+            g->interrupted = true;
+            g->stopped_by = "interrupted";
+            break;
+        }
         const int32_t tok = tr_sampler_sample(smp, logits);
         if (g->n_gen == 0) g->ttft_ms = g->prefill_ms + (now_ms() - t_start);
         if (!o->ignore_eos && tr_token_is_eog(ld->tok, tok)) {
@@ -97,6 +109,17 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
             break;
         }
         tr_sampler_accept(smp, tok);
+        if (g->n_ids == g->cap_ids) {
+            const size_t cap = g->cap_ids ? g->cap_ids * 2 : 256;
+            int32_t *ids = realloc(g->ids, cap * sizeof *ids);
+            if (!ids) {
+                cli_error("out of memory for the generated tokens");
+                return false;
+            }
+            g->ids = ids;
+            g->cap_ids = cap;
+        }
+        g->ids[g->n_ids++] = tok;
         g->n_gen++;
         g->last_token = tok;
         if (g->tm) telem_token(g->tm, g->n_gen - 1, tok, g->ttft_ms, NULL);
@@ -108,11 +131,18 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
         }
         if (o->n_predict >= 0 && i + 1 >= o->n_predict) break;
         if (tr_session_n_past(s) >= tr_session_n_ctx(s)) {
-            g->stopped_by = "context full";
+            if (g->on_full && g->on_full(g->full_user, g, logits)) continue;
+            if (!g->interrupted) g->stopped_by = "context full";
             break;
         }
         const double t0 = now_ms();
-        if (tr_session_eval(s, &tok, 1, logits, false, &err)) {
+        const tr_status st = tr_session_eval(s, &tok, 1, logits, false, &err);
+        if (st == TR_E_ABORTED) {
+            g->interrupted = true;
+            g->stopped_by = "interrupted";
+            break;
+        }
+        if (st) {
             cli_error("%s", err.msg);
             return false;
         }

@@ -13,6 +13,7 @@ static const struct {
     {"chat", cmd_chat, "interactive chat with the model's chat template"},
     {"bench", cmd_bench, "prompt processing and generation speed, like llama-bench"},
     {"perplexity", cmd_perplexity, "perplexity of a text file, llama.cpp's method"},
+    {"template", cmd_template, "render a chat template for a conversation (as Hugging Face does)"},
     {"inspect", cmd_inspect, "show a GGUF file: architecture, hyperparameters, tokenizer, tensors"},
     {"logits", cmd_logits, "evaluate token ids, dump every position's logits (for parity checks)"},
     {"replay", cmd_replay, "replay a route trace through expert-cache policies (hit % per budget)"},

@@ -10,7 +10,8 @@
 
 static void run_usage(FILE *f) {
     fprintf(f, "usage: terrace run -m MODEL.gguf (-p PROMPT | -f FILE) [options]\n\n"
-               "Generates a continuation of the prompt (no chat template: see `terrace chat`).\n\n");
+               "Generates a continuation of the prompt. With --jinja or --chat-template, the prompt\n"
+               "(and -sys) is first formatted as a user turn by the chat template (see `terrace chat`).\n\n");
     gen_print_common_flags(f);
 }
 
@@ -49,11 +50,34 @@ int cmd_run(int argc, char **argv) {
     gen_state g = {.sink = to_stdout};
     telem tm = {0};
     tr_error err = {0};
+    char *chat_text = NULL;
     if (!load_model(&o, &ld)) goto out;
     if (!telem_open(&tm, o.telemetry, ld.model)) goto out;
     g.tm = &tm;
+    bool add_bos = true;
+    if (o.jinja || o.chat_template) {
+        /* the prompt as the user's turn of a conversation, formatted by the chat template */
+        tr_chat_template *t = NULL;
+        char *text = strndup(prompt, plen);
+        const tr_chat_message m[2] = {{"system", o.system ? o.system : ""}, {"user", text ? text : ""}};
+        const tr_status st = !text ? TR_E_NOMEM
+                           : tr_chat_template_load(ld.model, o.chat_template, &t, &err) ? err.status
+                           : tr_chat_template_apply(t, o.system ? m : m + 1, o.system ? 2 : 1, NULL, NULL, true,
+                                                    NULL, &chat_text, &err);
+        tr_chat_template_free(t);
+        free(text);
+        if (st) {
+            cli_error("%s", st == TR_E_NOMEM && !err.msg[0] ? "out of memory" : err.msg);
+            goto out;
+        }
+        prompt = chat_text;
+        plen = strlen(chat_text);
+        /* a template that writes bos_token itself gets no second one from the tokenizer */
+        const char *bos = tr_token_text(ld.tok, tr_token_bos(ld.tok), NULL);
+        add_bos = !(bos && *bos && !strncmp(chat_text, bos, strlen(bos)));
+    }
     size_t n_tok = 0;
-    if (!(toks = tokenize_alloc(ld.tok, prompt, plen, true, true, &n_tok))) goto out;
+    if (!(toks = tokenize_alloc(ld.tok, prompt, plen, add_bos, true, &n_tok))) goto out;
     if (n_tok == 0) {
         cli_error("run: the prompt is empty after tokenization");
         goto out;
@@ -64,6 +88,11 @@ int cmd_run(int argc, char **argv) {
         goto out;
     }
     tm.sess = s;
+    /* Ctrl-C stops the generation (also in the middle of a long prefill); the text so far and
+     * the summary are still printed */
+    tr_session_set_abort(s, cli_abort_on_interrupt, NULL);
+    g.interrupt = &cli_interrupted;
+    cli_catch_interrupt();
     if ((int64_t)n_tok >= tr_session_n_ctx(s)) {
         cli_error("the prompt is %zu tokens but the context holds %d (raise -c, up to the model's "
                   "%d)", n_tok, tr_session_n_ctx(s), tr_model_n_ctx_train(ld.model));
@@ -85,19 +114,21 @@ int cmd_run(int argc, char **argv) {
     }
     if (!o.no_display_prompt) to_stdout(NULL, prompt, plen);
     for (size_t i = 0; i < n_tok; i++) tr_sampler_accept(smp, toks[i]);
-    if (!gen_prefill(&g, s, toks, n_tok, logits)) goto out;
-    if (!gen_run(&g, &o, &ld, s, smp, logits)) goto out;
+    if (!gen_prefill(&g, s, toks, n_tok, logits) && !g.interrupted) goto out;
+    if (!g.interrupted && !gen_run(&g, &o, &ld, s, smp, logits)) goto out;
     telem_close(&tm);
     fputc('\n', stdout);
     fflush(stdout);
     gen_summary(&g, &ld, s);
-    rc = 0;
+    rc = g.interrupted ? CLI_EXIT_INTERRUPT : 0;
 out:
     telem_close(&tm);
     free(g.text);
+    free(g.ids);
     free(logits);
     free(toks);
     free(file_text);
+    tr_free(chat_text);
     tr_sampler_free(smp);
     tr_session_free(s);
     if (ld.model) unload_model(&ld);

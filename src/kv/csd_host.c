@@ -3,6 +3,7 @@
  * agent's start and end, requests with waits that notice the agent's death, the split scoring
  * (the agent scores group A while the host scores group B) and the rows.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -186,7 +187,17 @@ static bool find_agent(const tr_kv *kv, char *out, size_t cap) {
     if (access(out, X_OK) == 0) return true;
     /* a test or benchmark binary one level below the build directory */
     snprintf(out, cap, "%s/../terrace-storaged", exe);
-    return access(out, X_OK) == 0;
+    if (access(out, X_OK) == 0) return true;
+    /* an application linked with an installed libterrace.so: PREFIX/lib -> PREFIX/bin */
+    Dl_info info;
+    if (dladdr((void *)find_agent, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
+        char lib[PATH_MAX];
+        snprintf(lib, sizeof lib, "%s", info.dli_fname);
+        *strrchr(lib, '/') = 0;
+        snprintf(out, cap, "%s/../bin/terrace-storaged", lib);
+        if (access(out, X_OK) == 0) return true;
+    }
+    return false;
 }
 
 /* the runtime's own agent: a child given the region and the segment files at fixed descriptor

@@ -154,6 +154,10 @@ static const char *llama_family(const char *t) {
     return NULL;
 }
 
+const char *tr_chat_family(const char *template_text) {
+    return template_text ? llama_family(template_text) : NULL;
+}
+
 /* the first characters of a template for a message, cut at the first newline */
 static int snippet_len(const char *t) {
     int n = 0;

@@ -77,6 +77,10 @@ typedef struct tr_chat_msg {
 tr_status tr_chat_detect(const char *template_text, const char *override_name, tr_chat_style *out,
                          tr_error *err);
 
+/* llama.cpp's family name for a template text ("chatml", "gpt-oss", "deepseek3", "phi3" ...), or
+ * NULL when llama.cpp would not recognise it either */
+const char *tr_chat_family(const char *template_text);
+
 /* "chatml", "llama3", ...; "?" for a value out of range */
 const char *tr_chat_style_name(tr_chat_style style);
 /* style by built-in name; false if the name is not one */
@@ -99,6 +103,10 @@ tr_status tr_chat_format(tr_chat_style style, const tr_chat_msg *msgs, size_t n,
  * tokenizer's end-of-generation set misses the token.
  */
 const char *const *tr_chat_stop_strings(tr_chat_style style);
+
+/* tr_reasoning_create for a template given by its Jinja source (NULL for a built-in format) */
+tr_status tr_reasoning_create_for(const char *template_source, const char *prompt,
+                                  tr_reasoning_format fmt, tr_reasoning **out, tr_error *err);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,18 @@ stored reference logits stay valid.
 
 usage: synth.py ARCH TYPE OUT.gguf      TYPE in F32, F16, Q8_0 (Q4_K_M: quantize an F16 file
                                           with llama.cpp, see parity.py)
+       synth.py ARCH TYPE OUT.gguf --chat TEMPLATES_DIR
+                                        a chat model (ARCH in CHAT_SPECS): the real chat template
+                                        of the family from TEMPLATES_DIR, its special tokens, and
+                                        weights that make greedy decoding write a fixed reply
        synth.py --list                  print the ARCH names
+
+The --chat models: every layer's output projections are scaled down a thousandfold, so the
+residual stream stays the token's embedding, and the output head's row for each token of the
+scripted reply is the normalised embedding of the token before it. Greedy decoding after the
+prompt's last token then writes the reply token by token (a bigram model), in the family's own
+format: gpt-oss's harmony channels, Qwen3's <think>, DeepSeek-R1's reasoning (its template opens
+<think> in the prompt), Phi-3.5's plain turn. Parity files are written without --chat.
 """
 import sys
 
@@ -95,6 +106,65 @@ class FastRng:
         return self.g.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
 
+# the chat models: template file, BOS/EOS, the special tokens (text, GGUF token type: 3 control,
+# 4 user-defined), the prompt's last token, and the reply greedy decoding must write. Texts are
+# in GPT-2's byte alphabet (Ġ = space, Ċ = newline); a reply token is used once (it has one
+# successor); single characters are the byte tokens themselves.
+FWB = "\uff5c"  # DeepSeek's fullwidth bar
+CHAT_SPECS = {
+    "qwen3moe": dict(
+        template="Qwen-Qwen3-0.6B.jinja", bos="<|endoftext|>", eos="<|im_end|>", add_bos=False,
+        specials=[("<|im_start|>", 3), ("<|im_end|>", 3), ("<|endoftext|>", 3), ("<think>", 4),
+                  ("</think>", 4), ("<tool_call>", 4), ("</tool_call>", 4)],
+        last="Ċ",
+        reply=["<think>", "ĊThe", "Ġuser", "Ġgreets", "Ġme", ".Ċ", "</think>", "ĊĊ", "Hello", "!",
+               "ĠHow", "Ġcan", "ĠI", "Ġhelp", "?", "<|im_end|>"]),
+    "qwen2": dict(  # DeepSeek-R1-Distill-Qwen
+        template="deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+        bos=f"<{FWB}begin▁of▁sentence{FWB}>", eos=f"<{FWB}end▁of▁sentence{FWB}>", add_bos=True,
+        specials=[(f"<{FWB}begin▁of▁sentence{FWB}>", 3), (f"<{FWB}end▁of▁sentence{FWB}>", 3),
+                  (f"<{FWB}User{FWB}>", 3), (f"<{FWB}Assistant{FWB}>", 3), ("<think>", 4),
+                  ("</think>", 4)],
+        last="Ċ",
+        reply=["Okay", ",", "Ġthe", "Ġuser", "Ġsays", "Ġhi", ".Ċ", "</think>", "ĊĊ", "Hi", "Ġthere",
+               "!", f"<{FWB}end▁of▁sentence{FWB}>"]),
+    "phimoe": dict(  # Phi-3.5-MoE shares Phi-3.5-mini's template
+        template="microsoft-Phi-3.5-mini-instruct.jinja", bos="<s>", eos="<|endoftext|>", add_bos=False,
+        specials=[("<s>", 3), ("<|endoftext|>", 3), ("<|system|>", 3), ("<|user|>", 3),
+                  ("<|assistant|>", 3), ("<|end|>", 3)],
+        last="Ċ",
+        reply=["Hello", "!", "ĠI", "Ġam", "Ġa", "Ġtest", "Ġmodel", ".", "<|end|>"]),
+    "gpt-oss": dict(
+        template="openai-gpt-oss-120b.jinja", bos="<|startoftext|>", eos="<|return|>", add_bos=False,
+        specials=[("<|startoftext|>", 3), ("<|return|>", 3), ("<|start|>", 3), ("<|end|>", 3),
+                  ("<|message|>", 3), ("<|channel|>", 3), ("<|call|>", 3), ("<|constrain|>", 3)],
+        last="t",
+        # the second header spells <|channel|> and <|message|> with ordinary tokens: a bigram
+        # model cannot give one token two successors
+        reply=["<|channel|>", "analysis", "<|message|>", "The", "Ġuser", "Ġsaid", "Ġhi", ".", "<|end|>",
+               "<|start|>", "assistant", "<|chan", "nel|>", "final", "<|mes", "sage|>", "Hello", "!",
+               "<|return|>"]),
+}
+CHAT = None  # the spec being written, with its template text (set by --chat)
+
+
+def chat_vocab():
+    """the chat model's tokens and types: bytes, the specials, the reply's own tokens, fillers"""
+    toks = byte_tokens()
+    types = [1] * len(toks)
+    for text, ty in CHAT["specials"]:
+        toks.append(text)
+        types.append(ty)
+    for text in CHAT["reply"]:
+        if text not in toks:
+            toks.append(text)
+            types.append(1)
+    while len(toks) < N_VOCAB:
+        toks.append(f"<extra_{len(toks)}>")
+        types.append(1)
+    return toks, types
+
+
 def write(arch, qtype, path):
     global N_VOCAB
     if arch in MOE_ARCHS:
@@ -135,20 +205,14 @@ def _write(arch, cfg, qtype, path, fast_rng):
         w.add_sliding_window(16)
     w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[qtype])
 
-    toks = byte_tokens()
-    toks += [f"<extra_{i}>" for i in range(N_VOCAB - len(toks) - 2)] + ["<|bos|>", "<|eos|>"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(toks)
-    w.add_token_types([1] * (N_VOCAB - 2) + [3, 3])
-    w.add_token_merges(["Ġ t"])
-    w.add_bos_token_id(N_VOCAB - 2)
-    w.add_eos_token_id(N_VOCAB - 1)
+    _tokenizer(w)
+    saved = {}
 
     def mat(name, rows, cols, std, row_scale=None):
         data = rng.normal((rows, cols), std)
         if row_scale is not None:
             data *= row_scale[:, None]
+        data = chat_weights(arch, name, data, saved)
         if qtype == "F32":
             w.add_tensor(name, data)
         elif qtype == "F16":
@@ -157,7 +221,8 @@ def _write(arch, cfg, qtype, path, fast_rng):
             w.add_tensor(name, quantize(data, T.Q8_0), raw_dtype=T.Q8_0)
 
     def vec(name, n, mean=1.0, std=0.1):
-        w.add_tensor(name, (mean + rng.normal((n,), std)).astype(np.float32))
+        data = chat_weights(arch, name, (mean + rng.normal((n,), std)).astype(np.float32), saved)
+        w.add_tensor(name, data)
 
     # weight scales give peaked but finite logits: top-1 margins well above float noise
     mat("token_embd.weight", N_VOCAB, E, 1.0)
@@ -192,15 +257,61 @@ def _write(arch, cfg, qtype, path, fast_rng):
 
 
 def _tokenizer(w):
-    toks = byte_tokens()
-    toks += [f"<extra_{i}>" for i in range(N_VOCAB - len(toks) - 2)] + ["<|bos|>", "<|eos|>"]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
+    if CHAT:
+        toks, types = chat_vocab()
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_merges(["Ġ t"])
+        w.add_bos_token_id(toks.index(CHAT["bos"]))
+        w.add_eos_token_id(toks.index(CHAT["eos"]))
+        w.add_add_bos_token(CHAT["add_bos"])
+        w.add_chat_template(CHAT["text"])
+        return
+    toks = byte_tokens()
+    toks += [f"<extra_{i}>" for i in range(N_VOCAB - len(toks) - 2)] + ["<|bos|>", "<|eos|>"]
     w.add_token_list(toks)
     w.add_token_types([1] * (N_VOCAB - 2) + [3, 3])
     w.add_token_merges(["Ġ t"])
     w.add_bos_token_id(N_VOCAB - 2)
     w.add_eos_token_id(N_VOCAB - 1)
+
+
+# tensors whose output joins the residual stream: scaled down in the chat models
+SCALED = ("attn_output.weight", "attn_output.bias", "ffn_down.weight", "ffn_down_exps.weight",
+          "ffn_down_exps.bias", "ffn_down_shexp.weight")
+
+
+def chat_weights(arch, name, data, saved):
+    """the chat models' changes to a freshly drawn tensor (identity without --chat)"""
+    if not CHAT:
+        return data
+    if name in ("token_embd.weight", "output_norm.weight"):
+        saved[name] = data
+    if name.endswith(SCALED):
+        return data * np.float32(1e-3)
+    if name in ("output.bias", "output_norm.bias"):  # (drawn after output.weight in phimoe)
+        return np.zeros_like(data)
+    if name != "output.weight":
+        return data
+    toks, _ = chat_vocab()
+    emb, g = saved["token_embd.weight"].astype(np.float64), saved["output_norm.weight"].astype(np.float64)
+    if arch == "phimoe":  # LayerNorm (its bias is zeroed above)
+        x = emb - emb.mean(axis=1, keepdims=True)
+        v = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-5) * g
+    else:
+        v = emb / np.sqrt((emb * emb).mean(axis=1, keepdims=True) + 1e-6) * g
+    head = (rng_small(data.shape) * 0.01).astype(np.float32)
+    chain = [CHAT["last"]] + CHAT["reply"]
+    for prev, nxt in zip(chain, chain[1:]):
+        row = v[toks.index(prev)]
+        head[toks.index(nxt)] += (20.0 * row / np.linalg.norm(row)).astype(np.float32)
+    return head
+
+
+def rng_small(shape):
+    return Rng(7).normal(shape)
 
 
 def _write_moe(arch, cfg, qtype, path, fast_rng=None):
@@ -251,19 +362,21 @@ def _write_moe(arch, cfg, qtype, path, fast_rng=None):
             return data.astype(np.float16), None
         return quantize(data, T.Q8_0), T.Q8_0
 
+    saved = {}
+
     def mat(name, rows, cols, std, row_scale=None):
         data = rng.normal((rows, cols), std)
         if row_scale is not None:
             data *= row_scale[:, None]
-        d, t = stored(data)
+        d, t = stored(chat_weights(arch, name, data, saved))
         w.add_tensor(name, d, raw_dtype=t)
 
     def exps(name, n_out, n_in, std):
-        d, t = stored(rng.normal((NE, n_out, n_in), std))
+        d, t = stored(chat_weights(arch, name, rng.normal((NE, n_out, n_in), std), saved))
         w.add_tensor(name, d, raw_dtype=t)
 
     def vec(name, n, mean=1.0, std=0.1):
-        w.add_tensor(name, (mean + rng.normal((n,), std)).astype(np.float32))
+        w.add_tensor(name, chat_weights(arch, name, (mean + rng.normal((n,), std)).astype(np.float32), saved))
 
     mat("token_embd.weight", N_VOCAB, E, 1.0)
     vec("output_norm.weight", E)
@@ -311,7 +424,7 @@ def _write_moe(arch, cfg, qtype, path, fast_rng=None):
         if arch == "gpt-oss":
             w.add_tensor(p + "ffn_gate_exps.bias", rng.normal((NE, FE), 0.1))
             w.add_tensor(p + "ffn_up_exps.bias", rng.normal((NE, FE), 0.1))
-            w.add_tensor(p + "ffn_down_exps.bias", rng.normal((NE, E), 0.1))
+            w.add_tensor(p + "ffn_down_exps.bias", chat_weights(arch, "ffn_down_exps.bias", rng.normal((NE, E), 0.1), saved))
         if arch == "qwen2moe":
             FS = cfg["n_ff_shexp"]
             w.add_tensor(p + "ffn_gate_inp_shexp.weight", rng.normal((E,), E ** -0.5))
@@ -354,4 +467,14 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--list"]:
         print(" ".join(list(ARCHS) + list(MOE_ARCHS)))
         sys.exit(0)
-    write(sys.argv[1], sys.argv[2], sys.argv[3])
+    args = sys.argv[1:]
+    if "--chat" in args:
+        i = args.index("--chat")
+        tdir = args[i + 1]
+        del args[i:i + 2]
+        if args[0] not in CHAT_SPECS:
+            sys.exit(f"synth.py: no chat model for {args[0]} (one of {', '.join(CHAT_SPECS)})")
+        CHAT = dict(CHAT_SPECS[args[0]])
+        with open(f"{tdir}/{CHAT['template']}", encoding="utf-8") as f:
+            CHAT["text"] = f.read()
+    write(args[0], args[1], args[2])
