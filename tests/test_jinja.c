@@ -77,6 +77,12 @@ static void test_values(void) {
     EXPECT("{{ {'a': 1, 2: [3], none: {}} }}", NULL, "{'a': 1, 2: [3], None: {}}");
     EXPECT("{{ {'a': 1}.items() }} {{ {'a': 1}.keys() }} {{ range(3) }} {{ range(1, 9, 2) }}", NULL,
            "dict_items([('a', 1)]) dict_keys(['a']) range(0, 3) range(1, 9, 2)");
+    /* `in` a dict_items view: only a 2-tuple can be in it, and only its key is hashed */
+    EXPECT("{{ ('a', 1) in {'a': 1}.items() }} {{ ['a', 1] in {'a': 1}.items() }} {{ 'a' in {'a': 1}.items() }} "
+           "{{ ('a', [2]) in {'a': 1}.items() }} {{ ['x'] in {'a': 1}.values() }}", NULL,
+           "True False False False False");
+    EXPECT_ERR("{{ (['x'], 1) in {'a': 1}.items() }}", NULL, "unhashable type: 'list' (TypeError");
+    EXPECT_ERR("{{ ['x'] in {'a': 1}.keys() }}", NULL, "unhashable type: 'list' (TypeError");
     /* Python's == and dict keys: 1, 1.0 and True are one key */
     EXPECT("{{ 1 == 1.0 }} {{ true == 1 }} {{ {1: 'a', 1.0: 'b', true: 'c'} }} {{ [1, 2] == [1, 2] }} {{ (1,) == [1] }}",
            NULL, "True True {1: 'c'} True False");

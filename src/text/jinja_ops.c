@@ -338,7 +338,13 @@ static bool contains(jrender *r, jv needle, jv hay) {
         return memmem(hay.s->p, hay.s->len, needle.s->p, needle.s->len) != NULL;
     case JV_LIST:
     case JV_TUPLE:
-        if (hay.l->view == JL_KEYS || hay.l->view == JL_ITEMS) jv_check_hashable(z, needle);
+        if (hay.l->view == JL_ITEMS) {
+            /* dict_items holds (key, value) pairs only; the key is looked up, so hashed */
+            if (needle.k != JV_TUPLE || needle.l->n != 2) return false;
+            jv_check_hashable(z, needle.l->v[0]);
+        } else if (hay.l->view == JL_KEYS) {
+            jv_check_hashable(z, needle);
+        }
         for (size_t i = 0; i < hay.l->n; i++)
             if (jv_eq(z, hay.l->v[i], needle)) return true;
         return false;
