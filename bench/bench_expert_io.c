@@ -18,16 +18,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "experts/cache.h"
+#include "terrace_seam.h"
 
 #define N_EXPERT 16
 #define TOPK     8
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int drop_caches(void) {
     sync();
@@ -70,13 +64,14 @@ int main(int argc, char **argv) {
     }
     if (n_layer < 1 || n_layer > 64) n_layer = 8;
 
-    tr_expert_layer *layers = calloc((size_t)n_layer, sizeof *layers);
+    uint64_t *offsets = calloc((size_t)n_layer * 3, sizeof *offsets);
+    uint64_t *part_bytes = calloc((size_t)n_layer * 3, sizeof *part_bytes);
     uint64_t off = 4096 + 160; /* GGUF data is 32-aligned, not 4096-aligned */
     for (int l = 0; l < n_layer; l++) {
         const uint64_t b[3] = {Q4, Q4, l % 2 ? Q4 : Q6};
-        layers[l].n_parts = 3;
         for (int p = 0; p < 3; p++) {
-            layers[l].part[p] = (tr_expert_part){.offset = off, .stride = b[p], .bytes = b[p]};
+            offsets[l * 3 + p] = off;
+            part_bytes[l * 3 + p] = b[p];
             off += N_EXPERT * b[p] + 32 * 7;
         }
     }
@@ -105,16 +100,8 @@ int main(int argc, char **argv) {
         close(w);
         fd = open(path, O_RDONLY);
     }
-    for (int l = 0; l < n_layer; l++)
-        for (int p = 0; p < 3; p++) {
-            layers[l].part[p].fd = fd;
-            layers[l].part[p].path = path;
-        }
-    const tr_expert_layout layout = {n_layer, N_EXPERT, TOPK, layers};
-
     uint64_t layer_bytes = 0; /* expert bytes one pass reads */
-    for (int l = 0; l < n_layer; l++)
-        for (int p = 0; p < 3; p++) layer_bytes += TOPK * layers[l].part[p].bytes;
+    for (int i = 0; i < n_layer * 3; i++) layer_bytes += TOPK * part_bytes[i];
 
     const int cold = drop_caches();
     double dd = 0;
@@ -144,46 +131,29 @@ int main(int argc, char **argv) {
         uint64_t reads = 0;
         for (int r = 0; r < reps; r++) {
             drop_caches();
-            tr_expert_cache_params p = {.budget_bytes = (uint64_t)1 << 40,
-                                        .policy = "lru",
-                                        .io_threads = cfg[i].threads,
-                                        .no_direct_io = cfg[i].buffered,
-                                        .read_chunk = cfg[i].chunk};
-            tr_expert_cache *c = NULL;
+            tr_seam_expert_pass ps = {.fd = fd,
+                                      .path = path,
+                                      .n_layer = n_layer,
+                                      .n_expert = N_EXPERT,
+                                      .topk = TOPK,
+                                      .n_parts = 3,
+                                      .offset = offsets,
+                                      .bytes = part_bytes,
+                                      .io_threads = cfg[i].threads,
+                                      .buffered = cfg[i].buffered,
+                                      .read_chunk = cfg[i].chunk};
             tr_error err;
-            if (tr_expert_cache_create(&layout, &p, &c, NULL, 0, &err)) {
+            if (tr_seam_expert_read_pass(&ps, &err)) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }
-            double t_all = 0;
-            for (int l = 0; l < n_layer; l++) {
-                const int32_t ex[TOPK] = {0, 1, 2, 3, 4, 5, 6, 7};
-                tr_expert_request req;
-                const double t0 = now_s();
-                if (tr_expert_cache_acquire(c, l, ex, TOPK, &req, &err)) {
-                    fprintf(stderr, "%s\n", err.msg);
-                    return 1;
-                }
-                int32_t idx;
-                do {
-                    if (tr_expert_cache_next_ready(c, &req, &idx, &err)) {
-                        fprintf(stderr, "%s\n", err.msg);
-                        return 1;
-                    }
-                } while (idx >= 0);
-                t_all += now_s() - t0;
-                tr_expert_cache_release(c, &req);
-            }
-            tr_expert_stats st;
-            tr_expert_cache_stats(c, &st);
-            if (cfg[i].buffered == st.direct_io) fprintf(stderr, "unexpected I/O mode\n");
-            const double mbps = (double)layer_bytes / t_all / 1e6;
+            if (cfg[i].buffered == ps.direct_io) fprintf(stderr, "unexpected I/O mode\n");
+            const double mbps = (double)layer_bytes / ps.seconds / 1e6;
             if (mbps > best) {
                 best = mbps;
-                best_layer = t_all / n_layer * 1e3;
-                reads = st.reads;
+                best_layer = ps.seconds / n_layer * 1e3;
+                reads = ps.reads;
             }
-            tr_expert_cache_free(c);
         }
         char chunk[32];
         snprintf(chunk, sizeof chunk, "%u KiB", (cfg[i].chunk ? cfg[i].chunk : 512u << 10) >> 10);
@@ -192,6 +162,7 @@ int main(int argc, char **argv) {
                dd > 0 ? 100 * best / dd : 0, best_layer, (unsigned long long)reads);
     }
     close(fd);
-    free(layers);
+    free(offsets);
+    free(part_bytes);
     return 0;
 }

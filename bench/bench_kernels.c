@@ -24,10 +24,7 @@
 #include <immintrin.h>
 #endif
 
-#include "core/pool.h"
-#include "tensor/fp16.h"
-#include "tensor/kernels.h"
-#include "tensor/matmul.h"
+#include "terrace_seam.h"
 
 #define MAX_THREADS 8
 
@@ -131,7 +128,7 @@ static double read_pass(tr_pool *pool, sum_fn fn, const char *buf, size_t bytes)
     atomic_init(&j.next, 0);
     atomic_init(&j.sink, 0);
     const double t0 = now_s();
-    tr_pool_run(pool, read_task, &j);
+    tr_seam_pool_run(pool, read_task, &j);
     return now_s() - t0;
 }
 
@@ -178,7 +175,7 @@ static void fill_random(tr_type t, char *buf, size_t bytes, uint64_t seed) {
             if (t == TR_TYPE_F32)
                 memcpy(buf + i, &v, 4);
             else {
-                const uint16_t h = t == TR_TYPE_F16 ? tr_f32_to_f16(v) : tr_f32_to_bf16(v);
+                const uint16_t h = t == TR_TYPE_F16 ? tr_seam_f32_to_f16(v) : tr_seam_f32_to_bf16(v);
                 memcpy(buf + i, &h, 2);
             }
         }
@@ -192,7 +189,7 @@ static void fill_random(tr_type t, char *buf, size_t bytes, uint64_t seed) {
     int d, m;
     scale_fields(t, &d, &m);
     for (size_t b = 0; b + bb <= bytes; b += bb) {
-        const uint16_t hd = tr_f32_to_f16(0.01f * rng_unit(&s));
+        const uint16_t hd = tr_seam_f32_to_f16(0.01f * rng_unit(&s));
         if (d >= 0) memcpy(buf + b + d, &hd, 2);
         if (m >= 0) memcpy(buf + b + m, &hd, 2);
         if (t == TR_TYPE_MXFP4) buf[b] = (char)(120 + rng_next(&s) % 8);
@@ -291,7 +288,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_kernels: need --gib > 0, --reps >= 1, --k a multiple of 256\n");
         return 2;
     }
-    const tr_kernels *kern = isa ? tr_kernels_by_name(isa) : tr_kernels_best();
+    const tr_kernels *kern = tr_seam_kernels(isa);
     if (!kern) {
         fprintf(stderr, "bench_kernels: kernel family %s is not available here\n", isa);
         return 2;
@@ -315,7 +312,8 @@ int main(int argc, char **argv) {
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
     printf("CPU: %s, %ld MiB L3; kernel family: %s; read loop: %s; matrix %.2f GiB per type, "
            "K = %lld, median of %d after a warm-up\n\n",
-           cpu, l3 > 0 ? l3 >> 20 : -1L, kern->isa, read_isa, gib, (long long)K, reps);
+           cpu, l3 > 0 ? l3 >> 20 : -1L, tr_seam_kernels_isa(kern), read_isa, gib, (long long)K,
+           reps);
     if (l3 > 0 && gib * 1073741824.0 < 3.0 * (double)l3)
         printf(
             "(note: the matrix is less than 3x the L3 size; the figures include cache hits)\n\n");
@@ -344,17 +342,16 @@ int main(int argc, char **argv) {
         madvise(W, bytes, MADV_HUGEPAGE);
         fill_random(t, W, bytes, 1000 + (uint64_t)t);
         float *y = malloc(sizeof(float) * (size_t)N);
-        void *scratch = malloc(tr_matmul_scratch_size(t, K, 1));
-        const tr_mat mat = {.type = t, .n_in = K, .n_out = N, .data = W, .row_bytes = rb};
+        void *scratch = malloc(tr_seam_matvec_scratch(t, K));
         printf("| %s | %.2f GiB |", tr_type_name(t), (double)bytes / 1073741824.0);
         for (int i = 0; i < n_thr; i++) {
             double tm[64], tr[64];
             const int R = reps < 64 ? reps : 64;
-            tr_matmul(pools[i], kern, &mat, x, 1, y, scratch); /* warm-up */
+            tr_seam_matvec(pools[i], kern, t, W, rb, K, N, x, y, scratch); /* warm-up */
             read_pass(pools[i], sum, W, bytes);
             for (int r = 0; r < R; r++) {
                 const double t0 = now_s();
-                tr_matmul(pools[i], kern, &mat, x, 1, y, scratch);
+                tr_seam_matvec(pools[i], kern, t, W, rb, K, N, x, y, scratch);
                 tm[r] = now_s() - t0;
                 tr[r] = read_pass(pools[i], sum, W, bytes);
             }

@@ -1,7 +1,8 @@
 /*
  * Decode-step speed of the KV policies on a 7B-like attention shape: 32 layers, 32 query heads
  * and 32 KV heads of 128 (F16 K+V: 512 KiB per token, 16 GiB at 32K), most of the KV in the cold
- * pool on local storage. Driven through tr_kv directly; no model.
+ * pool on local storage. Driven through the KV cache on its own (include/terrace_seam.h); no
+ * model.
  *
  *   build/bench/bench_kv --cold DIR --ctx N --policy P [--batch B] [--alpha A] [--bits 4|8]
  *                        [--hot-frac F] [--steps S] [--threads T] [--io-threads N] [--plan]
@@ -31,8 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/pool.h"
-#include "kv/kv_internal.h"
+#include "terrace_seam.h"
 
 #define NL   32
 #define NKV  32
@@ -154,7 +154,7 @@ static void make_kv(float *k, float *v, int l, int32_t t, int seq, const float *
 }
 
 /* The query's random part per (sequence, layer, head, channel): AR(1) along the decode steps,
- * correlation g_qrho from one step to the next (0: drawn anew each step, as before --q-rho). A real
+ * correlation g_qrho from one step to the next (0: drawn anew each step). A real
  * model's queries at neighbouring positions are alike, so its selections repeat: at alpha 0.2 a
  * row selects about 72% of what the row before it selected (kv_sel_repeat on SmolLM2-135M and
  * Qwen2.5-0.5B); fresh draws give 23%, 0.96 gives 74% (bench/results/kv.md). */
@@ -210,6 +210,26 @@ typedef struct bench {
     float *cs, *k, *v, *q, *qs, *out;
 } bench;
 
+/* --spec: layer + 1's speculative query of sequence b, as the forward pass would give it */
+typedef struct next_ctx {
+    const bench *B;
+    int b;
+} next_ctx;
+
+static tr_status next_query(void *ctx, int32_t layer, int32_t row0, int32_t rows,
+                            tr_kv_next_query *out, tr_error *err) {
+    (void)row0;
+    (void)rows;
+    (void)err;
+    const next_ctx *c = ctx;
+    const size_t o = (size_t)c->b * NL + (size_t)layer;
+    *out = (tr_kv_next_query){.q = c->B->qs + o * NH * HD,
+                              .q_stride = NH * HD,
+                              .scale = 1.0f / sqrtf((float)HD),
+                              .swa = 0};
+    return TR_OK;
+}
+
 typedef struct step_result {
     double mean_ms, min_ms, bytes_read, dev_read, read_ops, selected, score_ms, attn_ms, io_ms;
     double csd_scores, csd_rows, csd_storage, promotions, demotions, pingpong, migrated;
@@ -248,17 +268,21 @@ static int measure(bench *B, step_result *r) {
         for (int l = 0; l < NL; l++)
             for (int b = 0; b < B->batch; b++) {
                 const size_t o = (size_t)b * NL + l;
-                /* the next layer's speculative query, while this one attends */
-                if (B->spec > 0 && l + 1 < NL &&
-                    tr_kv_spec_query(B->kv[b], l + 1, 1, &pos, B->qs + (o + 1) * NH * HD,
-                                     NH * HD, scale, 0, &err)) {
-                    fprintf(stderr, "bench_kv: step: %s\n", err.msg);
-                    return 1;
-                }
+                /* the next layer's speculative query is asked for while this one attends */
+                next_ctx nc = {B, b};
+                const tr_kv_query kq = {.layer = l,
+                                        .rows = 1,
+                                        .pos = &pos,
+                                        .q = B->q + o * NH * HD,
+                                        .q_stride = NH * HD,
+                                        .scale = scale,
+                                        .out = B->out,
+                                        .out_stride = NH * HD,
+                                        .next = B->spec > 0 ? next_query : NULL,
+                                        .next_ctx = &nc};
                 if (tr_kv_append(B->kv[b], l, pos, B->k + o * NKV * HD, B->v + o * NKV * HD,
                                  &err) ||
-                    tr_kv_attend_rows(B->kv[b], B->pool, l, 1, &pos, B->q + o * NH * HD, NH * HD,
-                                      scale, NULL, 0, B->out, NH * HD, &err)) {
+                    tr_kv_attend(B->kv[b], B->pool, &kq, &err)) {
                     fprintf(stderr, "bench_kv: step: %s\n", err.msg);
                     return 1;
                 }
@@ -388,7 +412,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int32_t n_ctx = ctx + (steps + 1) * 8 + 2;
-    const tr_kv_shape shape = {NL, n_ctx, NH, NKV, HD, HD};
+    const tr_kv_shape shape = {NL, n_ctx, NH, NKV, HD, HD, NULL, NULL};
     const uint64_t rec = (uint64_t)NKV * HD * 2 * 2;
     p.alpha = (float)alpha;
     p.score_bits = bits;
@@ -403,11 +427,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     p.csd = csd;
-    p.csd_gbps = csd_gbps;
-    p.csd_gflops = csd_gflops;
-    p.csd_link_gbps = csd_link;
+    p.research.csd_gbps = csd_gbps;
+    p.research.csd_gflops = csd_gflops;
+    p.research.csd_link_gbps = csd_link;
     p.csd_chunk = csd_chunk;
-    p.beta = (float)beta;
+    p.research.beta = (float)beta;
     p.host_keys = host_keys;
     p.spec = spec > 0;
     const uint64_t dram = tr_kv_dram_bytes(&shape, &p) * (uint64_t)batch;
@@ -471,11 +495,18 @@ int main(int argc, char **argv) {
                .spec = (float)spec,
                .out = out};
     for (int gi = 0; gi < n_gaps; gi++) {
-        for (int i = 0; i < batch; i++)
-            if (gaps[gi] >= 0) *(csd ? &kv[i]->csd_gap : &kv[i]->read_gap) = gaps[gi];
-        for (int i = 0; i < batch && pipe > 0; i++) kv[i]->pipe = pipe;
-        for (int i = 0; i < batch; i++) kv[i]->pull_keys = pull_keys;
-        for (int i = 0; i < batch; i++) kv[i]->tail_every = tail_every;
+        tr_kv_seam sm;
+        for (int i = 0; i < batch; i++) {
+            tr_kv_seam_get(kv[i], &sm);
+            if (gaps[gi] >= 0) *(csd ? &sm.csd_read_gap : &sm.read_gap) = gaps[gi];
+            if (pipe > 0) sm.pipe = pipe;
+            sm.pull_keys = pull_keys;
+            sm.tail_every = tail_every;
+            if (tr_kv_seam_set(kv[i], &sm, &err)) {
+                fprintf(stderr, "bench_kv: %s\n", err.msg);
+                return 2;
+            }
+        }
         step_result r;
         if (measure(&B, &r)) return 1;
         tr_kv_stats fin;
@@ -496,17 +527,17 @@ int main(int argc, char **argv) {
                "\"beta_set\": %g, \"beta\": %.4f, \"beta_split\": %.4f, \"f_c\": %.0f, \"f_s\": %.0f, \"b_c\": %.0f, "
                "\"b_s\": %.0f, \"alpha_c\": %.4f, \"alpha_s\": %.4f, \"spec\": %g, "
                "\"spec_rows\": %.1f, \"spec_early\": %.1f, \"spec_cos\": %.4f, \"host_keys\": %d, "
-               "\"sel_repeat\": %.4f, \"bkp_v\": %d}\n",
+               "\"sel_repeat\": %.4f}\n",
                policy, ctx, batch, alpha, bits, (unsigned long long)p.hot_bytes * batch,
                (unsigned long long)dram, (unsigned long long)cold_need,
-               kv[0]->direct ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
+               tr_kv_seam_direct(kv[0]) ? "true" : "false", fill_s, dropped ? "true" : "false", steps,
                r.mean_ms, r.min_ms, r.bytes_read, r.dev_read, r.read_ops, r.selected, r.score_ms,
                r.attn_ms, r.io_ms, (unsigned long long)fin.hot_bytes * batch,
                (unsigned long long)fin.cold_bytes * batch,
-               csd ? kv[0]->csd_gap : kv[0]->read_gap, kv[0]->pipe,
+               csd ? sm.csd_read_gap : sm.read_gap, sm.pipe,
                pull_keys ? "true" : "false", tail,
                (double)p.tail_min, fin.tail_cand ? (double)fin.tail_kept / (double)fin.tail_cand : 0.0,
-               p.io_threads ? p.io_threads : TR_KV_IO_THREADS, r.cpu_user_ms, r.cpu_sys_ms,
+               p.io_threads, r.cpu_user_ms, r.cpu_sys_ms,
                (double)g_smooth, (double)g_rho, (double)g_qrho,
                r.bytes_read > 0 ? r.read_ops / (r.bytes_read / (double)(NKV * HD * 4)) : 0.0,
                bkp, csd ? "true" : "false", csd_gbps, csd_gflops, csd_link, r.csd_scores,
@@ -514,11 +545,7 @@ int main(int argc, char **argv) {
                r.sel_hot + r.sel_cold > 0 ? r.sel_hot / (r.sel_hot + r.sel_cold) : 0.0,
                (unsigned long long)fin.csd_mem_bytes, beta, fin.beta, fin.beta_split, fin.f_c, fin.f_s, fin.b_c,
                fin.b_s, fin.alpha_c, fin.alpha_s, spec, r.spec_rows, r.spec_early, r.spec_cos, host_keys,
-               r.sel_follow > 0 ? r.sel_repeat / r.sel_follow : 0.0,
-               /* which BKP hit counters made the row (kv.md's tables hold rows of both): 2 adds
-                * TR_KV_HIT per selection and takes an eighth off every step, 1 added one per
-                * selection and halved them every 32 steps */
-               TR_KV_HIT > 1 ? 2 : 1);
+               r.sel_follow > 0 ? r.sel_repeat / r.sel_follow : 0.0);
         fflush(stdout);
     }
     for (int b = 0; b < batch; b++) tr_kv_free(kv[b]);

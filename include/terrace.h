@@ -162,6 +162,8 @@ TR_API uint32_t tr_gguf_alignment(const tr_gguf *g);
 TR_API uint32_t tr_gguf_n_shards(const tr_gguf *g);
 TR_API const char *tr_gguf_shard_path(const tr_gguf *g, uint32_t shard);
 TR_API uint64_t tr_gguf_shard_size(const tr_gguf *g, uint32_t shard);
+/* the start of a shard's mapping (after tr_gguf_map; NULL before) */
+TR_API const void *tr_gguf_shard_map(const tr_gguf *g, uint32_t shard);
 /* DATA_START of that shard */
 TR_API uint64_t tr_gguf_data_offset(const tr_gguf *g, uint32_t shard);
 
@@ -302,80 +304,139 @@ TR_API void tr_model_get_stats(const tr_model *m, tr_model_stats *out);
 TR_API tr_status tr_model_route_trace_open(tr_model *m, const char *path, tr_error *err);
 TR_API tr_status tr_model_route_trace_close(tr_model *m, tr_error *err);
 
+/* ---- the KV cache ------------------------------------------------------------------------------
+ * How attention sees the past (--kv-policy): full keeps every key and value in DRAM and attends
+ * over all of them (the accuracy reference); offload spills beyond the hot budget to a cold pool on
+ * storage and reads all of it every step; h2o, quest and tiered attend over a selected fraction
+ * alpha (plus sinks and a recent window), tiered scoring every token by q.k against a
+ * low-precision key copy, optionally next to storage in the storage agent (terrace-storaged). */
+typedef enum tr_kv_policy {
+    TR_KV_FULL = 0,
+    TR_KV_OFFLOAD,
+    TR_KV_H2O,
+    TR_KV_QUEST,
+    TR_KV_TIERED,
+} tr_kv_policy;
+
+/* placement between the hot and the cold pool (tiered with a cold pool): off = the oldest tokens
+ * go cold and nothing comes back; on = BKP, hit counts promote and demote with hysteresis; naive =
+ * every cold token read is promoted (the baseline that shows ping-pong). Never changes outputs. */
+typedef enum tr_kv_bkp { TR_KV_BKP_OFF = 0, TR_KV_BKP_NAIVE, TR_KV_BKP_ON } tr_kv_bkp;
+
+/* Knobs that only benchmarks and sweeps set: they emulate other hardware or fix what the cache
+ * would otherwise measure and choose. */
+typedef struct tr_kv_research {
+    /* the storage agent throttled to emulate a slower device and bus (0: none): its storage
+     * reads (GB/s), its scoring (GFLOP/s), its link to the host (GB/s) */
+    double csd_gbps, csd_gflops, csd_link_gbps;
+    /* APP's beta (tokens scored by the host / by the agent among those on storage) fixed;
+     * < 0 (the default): chosen every step from the measured rates */
+    float beta;
+    /* APP's rates given instead of measured (0: measured): host and agent scoring (tokens/s),
+     * hot-pool copies and the agent's rows (bytes/s) */
+    double app_f_c, app_f_s, app_b_c, app_b_s;
+} tr_kv_research;
+
+/* Every KV knob, once (tr_kv_default_params fills the defaults). The full policy uses `policy`
+ * only; the others are checked against the policy at session creation. */
+typedef struct tr_kv_params {
+    tr_kv_policy policy;  /* default full */
+    float alpha;          /* fraction of the visible context selected per step, (0, 1]; 0.2 */
+    int32_t n_sink;       /* first tokens always attended; 4 */
+    int32_t n_window;     /* most recent tokens always attended; 64 */
+    int score_bits;       /* tiered: 8 or 4, precision of the scoring key copy; 8 */
+    int tail_bits;        /* tiered: 8 or 4 adds the unselected tokens' estimated share of each
+                             head's attention from a value copy of that precision; 0 (off) */
+    float tail_min;       /* with tail_bits: an unselected token is summed when its share of one
+                             of the heads it serves is at least tail_min x the uniform share; 1 */
+    uint64_t hot_bytes;   /* hot pool (DRAM) budget; 0: every token hot */
+    const char *cold_dir; /* cold pool directory (needed when the hot pool cannot hold n_ctx) */
+    bool keep;            /* keep the cold pool's files after the cache ends */
+    tr_kv_bkp bkp;        /* tiered with a cold pool: placement; off */
+    /* tiered: select each layer's tokens with a query speculated from the previous layer's input,
+     * so that the selection and its reads overlap the previous layer's; not with tail_bits */
+    bool spec;
+    /* tiered with a cold pool: the storage agent scores the tokens on storage and returns the
+     * selected rows */
+    bool csd;
+    const char *csd_socket; /* connect to `terrace-storaged --listen SOCKET`; NULL: start one */
+    const char *csd_bin;    /* the agent's executable; NULL: $TERRACE_STORAGED, else next to the
+                               running program (or one directory up) */
+    int32_t csd_chunk;      /* tokens per score block; 0: 1024 */
+    double csd_timeout;     /* seconds any wait on the agent may take before the step fails
+                               naming it (a stopped or wedged agent); 0: 30 */
+    /* with csd: APP's host budget M_0, the positions beyond the window whose low-precision keys the
+     * host keeps (the sinks and a ring of the newest); the agent scores the rest. 0: every one */
+    int32_t host_keys;
+    /* sizing: 0 = automatic */
+    uint64_t ws_bytes;    /* the working set (one layer's gathered K/V): 64 MiB, at most n_ctx */
+    int32_t n_threads;    /* threads of the pool given to attention (per-thread scratch); 0: the
+                             online CPUs (a session passes its model's pool size) */
+    int32_t io_threads;   /* parallel cold-pool reads; 0: 64 */
+    int32_t max_rows;     /* rows appended before they attend (a session passes its batch); 512 */
+    tr_kv_research research;
+} tr_kv_params;
+
+TR_API tr_kv_params tr_kv_default_params(void);
+/* "full", "offload", "h2o", "quest", "tiered" / "off", "naive", "on" */
+TR_API tr_status tr_kv_policy_parse(const char *name, tr_kv_policy *out, tr_error *err);
+TR_API const char *tr_kv_policy_name(tr_kv_policy p);
+TR_API tr_status tr_kv_bkp_parse(const char *name, tr_kv_bkp *out, tr_error *err);
+TR_API const char *tr_kv_bkp_name(tr_kv_bkp b);
+
+/* What the KV cache did, cumulative unless said otherwise: one struct for the library's callers,
+ * the CLI's summaries, telemetry and benchmarks (tr_kv_stats_format writes it). */
+typedef struct tr_kv_stats {
+    tr_kv_policy policy;
+    int64_t tokens;             /* positions held (per layer) */
+    uint64_t hot_bytes;         /* DRAM holding K/V now (full: the positions held) */
+    uint64_t cold_bytes;        /* cold pool pages written */
+    uint64_t selected;          /* tokens attended at each layer's last attend call (all its
+                                   rows), summed over layers */
+    uint64_t bytes_read, read_ops; /* storage -> host */
+    uint64_t score_ns, attn_ns, io_ns; /* selecting; attending (including the wait for reads,
+                                   io_ns) */
+    uint64_t steps;             /* attend calls */
+    uint64_t evicted;           /* h2o: tokens evicted, summed over layers (now) */
+    /* placement: moves between the pools, moves reversing one made within 64 steps, bytes copied
+     * into the hot pool; selected tokens (not forced) found hot / read cold */
+    uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
+    /* of the tokens selected by a row that follows the layer's last selecting row, those that row
+     * selected too: how stable selection is from step to step (real models: about 72 %) */
+    uint64_t sel_follow, sel_repeat;
+    /* the storage agent: bytes agent -> host as scores and as rows, bytes it read from storage,
+     * its busy time, its own memory (now) */
+    uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes, csd_busy_ns, csd_mem_bytes;
+    /* APP, now: beta, the split in effect once the host's budget caps it, the rates behind them
+     * (scoring tokens/s host f_c and agent f_s; rows bytes/s hot copies b_c and agent b_s), the
+     * selected fractions of the host's and the agent's parts */
+    double beta, beta_split, f_c, f_s, b_c, b_s, alpha_c, alpha_s;
+    /* --kv-tail: rows completed with the estimate and their summed mean share left to it; the
+     * unselected (token, KV head) pairs and those summed */
+    uint64_t tail_rows, tail_cand, tail_kept;
+    double tail_share_sum;
+    /* --kv-spec: rows selected with a speculative query, those selected (and read) during the
+     * previous layer, the summed cosine between speculative and real queries */
+    uint64_t spec_rows, spec_early;
+    double spec_cos_sum;
+} tr_kv_stats;
+
+typedef enum tr_kv_stats_style {
+    TR_KV_STATS_TEXT, /* the summary: lines "<prefix>kv ...\n" (nothing for the full policy) */
+    TR_KV_STATS_JSON, /* the telemetry members: "kv_policy": "tiered", "kv_tokens": ... (no braces) */
+} tr_kv_stats_style;
+/* Formats the stats (the library prints nothing). snprintf semantics: writes at most cap bytes,
+ * NUL included, and returns the length the whole text needs. */
+TR_API int tr_kv_stats_format(const tr_kv_stats *st, tr_kv_stats_style style, const char *prefix,
+                              char *buf, size_t cap);
+
 typedef struct tr_session_params {
     int32_t n_ctx;    /* context length in tokens; <= 0: min(training context, 4096) */
     int32_t n_batch;  /* most tokens one eval call computes at once; <= 0: 512 */
-    /* KV cache policy: NULL or "full" = all KV in DRAM with exact attention; "offload", "h2o",
-     * "quest", "tiered" (importance-selected attention over hot DRAM + cold storage pools) */
-    const char *kv_policy;
-    float kv_alpha;        /* fraction of the context attended per step; <= 0: 0.1 */
-    int32_t kv_sink;       /* first tokens always attended; < 0: 4 */
-    int32_t kv_window;     /* recent tokens always attended; < 0: 64 */
-    int kv_score_bits;     /* 8 or 4 (tiered scoring copy); 0: 8 */
-    float kv_tail_min;     /* with kv_tail_bits: an unselected token is summed when its share of
-                              a head reaches this many times the uniform share; < 0: 1 */
-    int kv_tail_bits;      /* tiered: 8 or 4 adds the unselected tokens' estimated share of the
-                              attention from a value copy of that precision; 0: off */
-    uint64_t kv_hot_bytes; /* hot pool budget; 0: every token hot */
-    const char *kv_cold_dir; /* cold pool directory (needed when the hot pool cannot hold -c) */
-    bool kv_keep;          /* keep the cold pool's files when the session ends */
-    /* tiered with a cold pool: placement between the pools; NULL or "off" = static (the oldest
-     * tokens go cold), "on" = BKP (hit counts promote and demote, with hysteresis), "naive" =
-     * promote every cold token read (a baseline) */
-    const char *kv_bkp;
-    /* tiered with a cold pool: the storage agent (terrace-storaged) scores the tokens on storage
-     * and returns the selected rows; chunk: tokens per score block (0: 1024); the rates (0: none)
-     * throttle it to emulate a slower device: storage GB/s, scoring GFLOP/s, link GB/s */
-    bool csd;
-    int32_t csd_chunk;
-    double csd_gbps, csd_gflops, csd_link_gbps;
-    /* with csd: connect to a running `terrace-storaged --listen SOCKET` (a disk shared by several
-     * sessions) instead of starting the agent; NULL: start it */
-    const char *csd_socket;
-    /* APP: host-scored / agent-scored tokens among those on storage; < 0 (the default): chosen
-     * every step from the measured rates */
-    float kv_beta;
-    /* with csd: APP's host budget, positions (per layer) whose low-precision keys the host keeps
-     * to score beyond the window; the agent scores the others. 0 (the default): every position */
-    int32_t kv_host_keys;
-    /* APP's rates taken from the caller instead of measured (0: measured): host and agent
-     * scoring, tokens/s; hot-pool copies and the agent's rows, bytes/s */
-    double kv_app_f_c, kv_app_f_s, kv_app_b_c, kv_app_b_s;
-    /* tiered: select each layer's tokens with a query speculated from the previous layer's input,
-     * so that the selection and its reads overlap the previous layer's (InfiniGen's idea); the
-     * attention still uses the layer's own query. Not with kv_tail_bits */
-    bool kv_spec;
+    tr_kv_params kv;  /* the KV cache (tr_kv_default_params) */
 } tr_session_params;
 
-typedef struct tr_session_kv_stats {
-    bool managed;          /* a non-full policy manages this session's KV */
-    const char *policy;
-    int64_t tokens;
-    uint64_t hot_bytes, cold_bytes, selected, bytes_read;
-    double score_ms, attn_ms;
-    /* placement (cumulative): moves between the pools, moves that reversed one made within 64
-     * steps, bytes copied into the hot pool; selected tokens found hot / read from the cold pool */
-    uint64_t promotions, demotions, pingpong, migrated_bytes, sel_hot, sel_cold;
-    /* of the tokens a row selects, the fraction the row before it (the previous position) selected
-     * too: how stable selection is from step to step, what BKP can use (0 before two rows) */
-    double sel_repeat;
-    /* the storage agent: bytes agent -> host as scores and as rows, bytes it read */
-    uint64_t csd_score_bytes, csd_row_bytes, csd_storage_bytes;
-    /* APP: the last beta, host and agent scoring rates (tokens/s), hot-pool copy and agent row
-     * rates (bytes/s): measured running averages, or the given ones; beta_split: the split used,
-     * once the host's share is capped by its budget (the positions it keeps keys for) */
-    double beta, f_c, f_s, b_c, b_s, beta_split;
-    /* --kv-tail: mean share of each head's attention left to the estimate (over the rows
-     * completed so far; 0 without) */
-    double tail_share;
-    /* --kv-tail: fraction of the unselected (token, KV head) pairs summed (see kv_tail_min) */
-    double tail_kept;
-    /* --kv-spec (cumulative): rows selected with a speculative query, those selected and read
-     * during the previous layer, and the mean cosine between speculative and real queries */
-    uint64_t spec_rows, spec_early;
-    double spec_cos;
-} tr_session_kv_stats;
-TR_API void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out);
+TR_API void tr_session_get_kv_stats(const tr_session *s, tr_kv_stats *out);
 
 TR_API tr_session_params tr_session_default_params(void);
 /* Computes what the session needs (KV cache + scratch), reports it in the error if it cannot be

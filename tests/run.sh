@@ -19,8 +19,10 @@ TMP=$(mktemp -d /tmp/terrace-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
 # the C tests; each needs a run below in build/ and in build/asan/
-TESTS=(test_api test_chat test_dequant test_expert_cache test_gguf test_jinja test_kernels test_kv
-       test_model test_moe test_policy test_pool test_sample test_tokenizer)
+TESTS=(test_api test_chat test_dequant test_expert_cache test_gguf test_jinja test_kernels
+       test_kv_agent test_kv_attend test_kv_select test_kv_store test_kv_tiered test_model test_moe
+       test_policy test_pool test_sample test_tokenizer)
+KV_TESTS=(test_kv_store test_kv_attend test_kv_select test_kv_tiered test_kv_agent)
 
 declare -a RESULTS
 declare -A USED # test binaries a run (or a skip) accounted for
@@ -130,15 +132,22 @@ run "make install; an app built with pkg-config (shared, static) = terrace run" 
 run "parity vs llama.cpp, real models: SmolLM2 (llama), Gemma 3 (gemma3)" \
     $PY tests/py/parity_real.py check build/terrace tests/ref/parity-real.json smollm2 gemma3
 
-# the tiered KV cache: every policy at alpha 1 = reference attention, selection = brute force,
-# scoring recall (INT8/INT4, max vs sum), h2o/quest semantics, cold-pool faults (ASan)
-run "test_kv [build]" build/tests/test_kv
-run "test_kv [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_kv"
-# the cache's I/O threads, the pipelined and ahead reads, and the storage agent's row threads (the
-# agent next to the test binary is the TSan build too)
-run "test_kv [$TSAN_BUILD]" "$TSAN_BUILD"/tests/test_kv
+# the KV cache, layer by layer: the storage (checksums, truncate, save/restore, faults, budgets),
+# every policy at alpha 1 = reference attention, selection = brute force and scoring recall (INT8/
+# INT4, the aggregations), h2o/quest/tail, tiered's modules (BKP, APP, speculation), the storage
+# agent (bit for bit, its death, --listen, a stopped agent's deadline); each also under TSan (the
+# cold pool's I/O threads, the reads ahead, the agent's row threads: the agent next to the test
+# binary is the TSan build too)
+for t in "${KV_TESTS[@]}"; do
+    for b in build "$ASAN_BUILD" "$TSAN_BUILD"; do
+        run "$t [$b]" "$b/tests/$t"
+    done
+done
 run "KV policies at alpha 1 = full cache: MHA/GQA/MQA synthetic, hot and cold; default model" \
     $PY tests/py/test_kv_policies.py build/terrace "$(bash scripts/get_model.sh smollm2)"
+run "KV policies bit-identical to the stored digests: MHA/GQA/MQA synthetic, default model" \
+    $PY tests/py/test_kv_logits.py check build/terrace "$(bash scripts/get_model.sh smollm2)" \
+    tests/ref/kv-logits.json
 
 # --- fuzz corpus replay (the long fuzz runs are `make fuzz` and `make fuzz-jinja`) -----------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
@@ -265,6 +274,23 @@ check_list() {
     return $ok
 }
 run "every C test listed, built and run" check_list
+
+# --- doors: no file under src/, tools/ or bench/ includes another folder's *_internal.h ---------
+no_private_doors() {
+    local bad=0 line f inc dir
+    while IFS= read -r line; do
+        f=${line%%:*}
+        inc=$(printf '%s\n' "$line" | sed -n 's/.*#include "\([^"]*_internal\.h\)".*/\1/p')
+        [ -n "$inc" ] || continue
+        dir=${inc%%/*}
+        case "$f" in src/"$dir"/*) continue ;; esac
+        echo "  $f includes $inc, another folder's private header"
+        bad=1
+    done < <(grep -rn '#include "' src tools bench)
+    [ $bad -eq 0 ] && echo "  no file includes another folder's *_internal.h"
+    return $bad
+}
+run "doors: no cross-folder *_internal.h include (src/, tools/, bench/)" no_private_doors
 
 echo
 echo "==================== summary ===================="

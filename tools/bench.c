@@ -112,9 +112,8 @@ static bool run_test(tr_session *s, const test *t, int32_t depth, const int32_t 
 
 /* the row's KV and expert settings, as the tables show them */
 static void kv_desc(const gen_opts *o, char *buf, size_t cap) {
-    const char *pol = o->kv.kv_policy ? o->kv.kv_policy : "full";
-    if (!strcmp(pol, "full")) snprintf(buf, cap, "full f16");
-    else snprintf(buf, cap, "%s a%.2f f16", pol, o->kv.kv_alpha > 0 ? o->kv.kv_alpha : 0.1);
+    if (o->kv.policy == TR_KV_FULL) snprintf(buf, cap, "full f16");
+    else snprintf(buf, cap, "%s a%.2f f16", tr_kv_policy_name(o->kv.policy), o->kv.alpha);
 }
 
 static void experts_desc(const gen_opts *o, tr_model *m, char *buf, size_t cap) {
@@ -134,6 +133,7 @@ typedef struct printer {
     const char *model, *arch, *kernels;
     uint64_t size;
     char kv[64], experts[64];
+    const tr_session *s; /* the session of the rows, for its KV counters */
 } printer;
 
 static void print_row(printer *p, const row *r) {
@@ -173,7 +173,15 @@ static void print_row(printer *p, const row *r) {
                p->model, p->arch, (unsigned long long)p->size, p->kernels, r->threads, r->batch,
                p->kv, p->experts, r->t.np, r->t.ng, r->depth, name, date, r->reps, r->mean, r->sd);
         for (int i = 0; i < r->reps; i++) printf("%s%.6f", i ? ", " : "", r->samples[i]);
-        printf("], \"peak_rss_mib\": %.1f}", rss);
+        printf("], \"peak_rss_mib\": %.1f", rss);
+        /* a managed KV cache's counters, over the session so far (full: none) */
+        tr_kv_stats kv;
+        tr_session_get_kv_stats(p->s, &kv);
+        char kvj[2048];
+        if (kv.policy != TR_KV_FULL &&
+            tr_kv_stats_format(&kv, TR_KV_STATS_JSON, NULL, kvj, sizeof kvj) < (int)sizeof kvj)
+            printf(", %s", kvj);
+        printf("}");
         if (p->fmt == OUT_JSONL) printf("\n");
     }
     fflush(stdout);
@@ -331,6 +339,7 @@ int cmd_bench(int argc, char **argv) {
                 cli_error("%s", err.msg);
                 goto out;
             }
+            pr.s = s;
             for (int di = 0; di < ba.depth.n; di++) {
                 const int32_t depth = ba.depth.v[di];
                 /* fill the context to the depth once (untimed); runs cut back to it */
@@ -351,6 +360,7 @@ int cmd_bench(int argc, char **argv) {
                     print_row(&pr, &rw);
                 }
             }
+            print_kv_stats(stderr, s, "bench: ");
         }
     }
     if (pr.fmt == OUT_JSON) printf("\n]\n");

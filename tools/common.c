@@ -16,7 +16,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
     F_REASONING,
 };
 
@@ -65,7 +65,7 @@ static const flag k_flags[] = {
     {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
     {"--route-trace", F_ROUTETRACE, true, "FILE MoE: write the routing trace (CSV)"},
     {"--kv-policy", F_KVPOLICY, true, "NAME   KV cache: full (default), offload, h2o, quest, tiered"},
-    {"--kv-alpha", F_KVALPHA, true, "A       KV: fraction of the context attended per step (default 0.1)"},
+    {"--kv-alpha", F_KVALPHA, true, "A       KV: fraction of the context attended per step (default 0.2)"},
     {"--kv-sink", F_KVSINK, true, "N        KV: first tokens always attended (default 4)"},
     {"--kv-window", F_KVWINDOW, true, "N      KV: recent tokens always attended (default 64)"},
     {"--kv-score-bits", F_KVBITS, true, "B  KV: 8 or 4, precision of the scoring key copy"},
@@ -79,6 +79,7 @@ static const flag k_flags[] = {
     {"--csd", F_CSD, false, "            KV tiered: score the cold pool in the storage agent (terrace-storaged)"},
     {"--csd-socket", F_CSDSOCKET, true, "PATH KV tiered: use the agent listening on PATH (terrace-storaged --listen PATH) instead of starting one; implies --csd"},
     {"--csd-chunk", F_CSDCHUNK, true, "N     storage agent: tokens per score block (default 1024)"},
+    {"--csd-timeout", F_CSDTIMEOUT, true, "S   storage agent: the longest wait for it before the step fails (default 30 s)"},
     {"--csd-gbps", F_CSDGBPS, true, "R      storage agent: throttle its storage reads to R GB/s"},
     {"--csd-gflops", F_CSDGFLOPS, true, "R    storage agent: throttle its scoring to R GFLOP/s"},
     {"--csd-link-gbps", F_CSDLINK, true, "R storage agent: throttle its link to the host to R GB/s"},
@@ -145,7 +146,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
     memset(o, 0, sizeof *o);
     o->n_predict = -1;
     o->sampling = tr_sampler_default_params();
-    o->kv = tr_session_default_params();
+    o->kv = tr_kv_default_params();
     o->n_prompt_bench = 512;
     o->n_gen_bench = 128;
     o->reps = 3;
@@ -264,41 +265,48 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_EPREFETCH: if (!cli_parse_int(a, v, 0, 64, &n)) return false; o->expert_prefetch = (int)n; break;
         case F_IOTHREADS: if (!cli_parse_int(a, v, 1, 64, &n)) return false; o->io_threads = (int)n; break;
         case F_ROUTETRACE: o->route_trace = v; break;
-        case F_KVPOLICY: o->kv.kv_policy = v; break;
-        case F_KVALPHA: if (!parse_float(a, v, 1e-6, 1.0, &o->kv.kv_alpha)) return false; break;
-        case F_KVSINK: if (!cli_parse_int(a, v, 0, 1 << 20, &n)) return false; o->kv.kv_sink = (int32_t)n; break;
-        case F_KVWINDOW: if (!cli_parse_int(a, v, 0, 1 << 24, &n)) return false; o->kv.kv_window = (int32_t)n; break;
+        case F_KVPOLICY: {
+            tr_error e = {0};
+            if (tr_kv_policy_parse(v, &o->kv.policy, &e)) {
+                cli_error("--kv-policy: %s", e.msg);
+                return false;
+            }
+            break;
+        }
+        case F_KVALPHA: if (!parse_float(a, v, 1e-6, 1.0, &o->kv.alpha)) return false; break;
+        case F_KVSINK: if (!cli_parse_int(a, v, 0, 1 << 20, &n)) return false; o->kv.n_sink = (int32_t)n; break;
+        case F_KVWINDOW: if (!cli_parse_int(a, v, 0, 1 << 24, &n)) return false; o->kv.n_window = (int32_t)n; break;
         case F_KVBITS:
             if (!cli_parse_int(a, v, 4, 8, &n) || (n != 4 && n != 8)) {
                 cli_error("--kv-score-bits expects 8 or 4, got '%s'", v);
                 return false;
             }
-            o->kv.kv_score_bits = (int)n;
+            o->kv.score_bits = (int)n;
             break;
         case F_KVTAIL:
             if (!cli_parse_int(a, v, 0, 8, &n) || (n != 0 && n != 4 && n != 8)) {
                 cli_error("--kv-tail expects 0, 4 or 8, got '%s'", v);
                 return false;
             }
-            o->kv.kv_tail_bits = (int)n;
+            o->kv.tail_bits = (int)n;
             break;
-        case F_KVTAILMIN: if (!parse_float(a, v, 0.0, 1e6, &o->kv.kv_tail_min)) return false; break;
+        case F_KVTAILMIN: if (!parse_float(a, v, 0.0, 1e6, &o->kv.tail_min)) return false; break;
         case F_KVHOT: {
             unsigned long long b = 0;
             if (!cli_parse_size(a, v, &b)) return false;
-            o->kv.kv_hot_bytes = b;
+            o->kv.hot_bytes = b;
             break;
         }
-        case F_KVCOLD: o->kv.kv_cold_dir = v; break;
-        case F_KVKEEP: o->kv.kv_keep = true; break;
+        case F_KVCOLD: o->kv.cold_dir = v; break;
+        case F_KVKEEP: o->kv.keep = true; break;
         case F_CSD: o->kv.csd = true; break;
-        case F_KVSPEC: o->kv.kv_spec = true; break;
+        case F_KVSPEC: o->kv.spec = true; break;
         case F_CSDSOCKET:
             o->kv.csd = true;
             o->kv.csd_socket = v;
             break;
-        case F_KVBETA: if (!parse_float(a, v, 0.0, 1e6, &o->kv.kv_beta)) return false; break;
-        case F_KVHOSTKEYS: if (!cli_parse_int(a, v, 1, 1 << 24, &n)) return false; o->kv.kv_host_keys = (int32_t)n; break;
+        case F_KVBETA: if (!parse_float(a, v, 0.0, 1e6, &o->kv.research.beta)) return false; break;
+        case F_KVHOSTKEYS: if (!cli_parse_int(a, v, 1, 1 << 24, &n)) return false; o->kv.host_keys = (int32_t)n; break;
         case F_KVAPPRATES: {
             double r[4];
             char *end = NULL;
@@ -320,28 +328,35 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
                           a, v);
                 return false;
             }
-            o->kv.kv_app_f_c = r[0] * 1e6;
-            o->kv.kv_app_f_s = r[1] * 1e6;
-            o->kv.kv_app_b_c = r[2] * 1e9;
-            o->kv.kv_app_b_s = r[3] * 1e9;
+            o->kv.research.app_f_c = r[0] * 1e6;
+            o->kv.research.app_f_s = r[1] * 1e6;
+            o->kv.research.app_b_c = r[2] * 1e9;
+            o->kv.research.app_b_s = r[3] * 1e9;
             break;
         }
         case F_CSDCHUNK: if (!cli_parse_int(a, v, 16, 1 << 20, &n)) return false; o->kv.csd_chunk = (int32_t)n; break;
         case F_CSDGBPS: case F_CSDGFLOPS: case F_CSDLINK: {
             float r;
             if (!parse_float(a, v, 1e-6, 1e6, &r)) return false;
-            if (f->id == F_CSDGBPS) o->kv.csd_gbps = r;
-            else if (f->id == F_CSDGFLOPS) o->kv.csd_gflops = r;
-            else o->kv.csd_link_gbps = r;
+            if (f->id == F_CSDGBPS) o->kv.research.csd_gbps = r;
+            else if (f->id == F_CSDGFLOPS) o->kv.research.csd_gflops = r;
+            else o->kv.research.csd_link_gbps = r;
             break;
         }
-        case F_KVBKP:
-            if (strcmp(v, "off") && strcmp(v, "on") && strcmp(v, "naive")) {
+        case F_CSDTIMEOUT: {
+            float r;
+            if (!parse_float(a, v, 0.001, 1e6, &r)) return false;
+            o->kv.csd_timeout = r;
+            break;
+        }
+        case F_KVBKP: {
+            tr_error e = {0};
+            if (tr_kv_bkp_parse(v, &o->kv.bkp, &e)) {
                 cli_error("--kv-bkp expects off, on or naive, got '%s'", v);
                 return false;
             }
-            o->kv.kv_bkp = v;
             break;
+        }
         case F_CHUNKS: if (!cli_parse_int(a, v, 1, 1 << 20, &n)) return false; o->n_chunks = (int32_t)n; break;
         case F_JINJA: o->jinja = true; break;
         case F_HELP: usage(stdout); exit(0);
@@ -532,8 +547,17 @@ int piece_of(const tr_tokenizer *t, int32_t id, char *buf, size_t cap) {
     return n < 0 ? 0 : n;
 }
 
+void print_kv_stats(FILE *f, const tr_session *s, const char *prefix) {
+    tr_kv_stats kv;
+    tr_session_get_kv_stats(s, &kv);
+    char buf[4096];
+    tr_kv_stats_format(&kv, TR_KV_STATS_TEXT, prefix, buf, sizeof buf);
+    fputs(buf, f);
+}
+
 tr_session_params session_params(const gen_opts *o) {
-    tr_session_params sp = o->kv;
+    tr_session_params sp = tr_session_default_params();
+    sp.kv = o->kv;
     sp.n_ctx = o->n_ctx;
     sp.n_batch = o->n_batch;
     return sp;

@@ -34,7 +34,7 @@ typedef struct gen_opts {
     unsigned long long expert_cache, mem_budget; /* 0 = auto */
     const char *expert_policy;
     int expert_prefetch, io_threads;
-    tr_session_params kv; /* the --kv-* flags (n_ctx/n_batch come from -c/-b) */
+    tr_kv_params kv;      /* the --kv-* and --csd* flags */
     bool jinja;           /* --jinja: run formats -p as a chat turn with the chat template */
 } gen_opts;
 
@@ -60,6 +60,8 @@ int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, boo
 /* reads a whole file into a malloc'd NUL-terminated buffer; prints why not and returns NULL */
 char *read_file(const char *path, size_t *len);
 
+/* the KV cache's summary lines (nothing for the full policy), each line starting with prefix */
+void print_kv_stats(FILE *f, const tr_session *s, const char *prefix);
 /* session parameters from -c, -b and the --kv-* flags */
 tr_session_params session_params(const gen_opts *o);
 

@@ -188,41 +188,7 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
     } else if (st.moe) {
         fprintf(stderr, "terrace: experts      through mmap (--experts mmap): the kernel's page cache decides\n");
     }
-    tr_session_kv_stats kv;
-    tr_session_get_kv_stats(s, &kv);
-    if (kv.managed) {
-        char b2[32], b3[32];
-        fprintf(stderr, "terrace: kv cache     %s: %lld tokens, hot %s, cold %s, read %s from storage, "
-                        "scoring %.1f ms, attention %.1f ms, %llu tokens attended at the last step\n",
-                kv.policy, (long long)kv.tokens, cli_bytes(kv.hot_bytes, b1, sizeof b1),
-                cli_bytes(kv.cold_bytes, b2, sizeof b2), cli_bytes(kv.bytes_read, b3, sizeof b3),
-                kv.score_ms, kv.attn_ms, (unsigned long long)kv.selected);
-        if (kv.sel_hot + kv.sel_cold)
-            fprintf(stderr, "terrace: kv pools     selected tokens found hot %.1f %%, selected by "
-                            "the step before too %.1f %%; %llu promoted, %llu demoted, %llu "
-                            "ping-pong moves\n",
-                    100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold),
-                    100.0 * kv.sel_repeat,
-                    (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
-                    (unsigned long long)kv.pingpong);
-        if (kv.tail_kept > 0.0 || kv.tail_share > 0.0)
-            fprintf(stderr, "terrace: kv tail      %.1f %% of the unselected tokens summed, holding "
-                            "on average %.2f %% of each head's attention\n",
-                    100.0 * kv.tail_kept, 100.0 * kv.tail_share);
-        if (kv.spec_rows)
-            fprintf(stderr, "terrace: kv spec      %llu rows selected with a speculative query "
-                            "(%llu during the previous layer), cosine to the real query %.3f\n",
-                    (unsigned long long)kv.spec_rows, (unsigned long long)kv.spec_early,
-                    kv.spec_cos);
-        if (kv.csd_score_bytes)
-            fprintf(stderr, "terrace: kv agent     to the host: scores %s, rows %s; read %s from "
-                            "storage; beta %.2f, split %.2f (host scores %.2f M tokens/s, agent "
-                            "%.2f M)\n",
-                    cli_bytes(kv.csd_score_bytes, b1, sizeof b1),
-                    cli_bytes(kv.csd_row_bytes, b2, sizeof b2),
-                    cli_bytes(kv.csd_storage_bytes, b3, sizeof b3), kv.beta, kv.beta_split,
-                    kv.f_c / 1e6, kv.f_s / 1e6);
-    }
+    print_kv_stats(stderr, s, "terrace: ");
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",
             peak_rss_mib(), (double)tr_session_bytes(s) / (1024.0 * 1024.0), tr_session_n_past(s),

@@ -72,6 +72,7 @@ int cmd_logits(int argc, char **argv) {
     unsigned long long expert_cache = 0;
     const char *expert_policy = NULL;
     tr_session_params sp = tr_session_default_params();
+    tr_error perr = {0};
     int c;
     optind = 1;
     opterr = 0;
@@ -91,33 +92,43 @@ int cmd_logits(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             break;
         case 'P': expert_policy = optarg; break;
-        case 'K': sp.kv_policy = optarg; break;
+        case 'K':
+            if (tr_kv_policy_parse(optarg, &sp.kv.policy, &perr)) {
+                cli_error("--kv-policy: %s", perr.msg);
+                return CLI_EXIT_USAGE;
+            }
+            break;
         case 'T': top1_path = optarg; break;
-        case 'A': sp.kv_alpha = (float)atof(optarg); break;
+        case 'A': sp.kv.alpha = (float)atof(optarg); break;
         case 'H': {
             unsigned long long b;
             if (!cli_parse_size("--kv-hot", optarg, &b)) return CLI_EXIT_USAGE;
-            sp.kv_hot_bytes = b;
+            sp.kv.hot_bytes = b;
             break;
         }
-        case 'D': sp.kv_cold_dir = optarg; break;
-        case 'S': sp.kv_sink = atoi(optarg); break;
-        case 'W': sp.kv_window = atoi(optarg); break;
-        case 'B': sp.kv_score_bits = atoi(optarg); break;
-        case 0x101: sp.kv_tail_bits = atoi(optarg); break;
-        case 0x102: sp.kv_tail_min = (float)atof(optarg); break;
+        case 'D': sp.kv.cold_dir = optarg; break;
+        case 'S': sp.kv.n_sink = atoi(optarg); break;
+        case 'W': sp.kv.n_window = atoi(optarg); break;
+        case 'B': sp.kv.score_bits = atoi(optarg); break;
+        case 0x101: sp.kv.tail_bits = atoi(optarg); break;
+        case 0x102: sp.kv.tail_min = (float)atof(optarg); break;
         case 0x103:
-            sp.csd = true;
-            sp.csd_socket = optarg;
+            sp.kv.csd = true;
+            sp.kv.csd_socket = optarg;
             break;
-        case 0x104: sp.kv_spec = true; break;
-        case 'O': sp.kv_bkp = optarg; break;
-        case 'Q': sp.csd = true; break;
-        case 'J': sp.kv_beta = (float)atof(optarg); break;
+        case 0x104: sp.kv.spec = true; break;
+        case 'O':
+            if (tr_kv_bkp_parse(optarg, &sp.kv.bkp, &perr)) {
+                cli_error("%s", perr.msg);
+                return CLI_EXIT_USAGE;
+            }
+            break;
+        case 'Q': sp.kv.csd = true; break;
+        case 'J': sp.kv.research.beta = (float)atof(optarg); break;
         case 0x105:
             if (!cli_parse_int("--kv-host-keys", optarg, 1, 1 << 24, &host_keys))
                 return CLI_EXIT_USAGE;
-            sp.kv_host_keys = (int32_t)host_keys;
+            sp.kv.host_keys = (int32_t)host_keys;
             break;
         case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
         default:

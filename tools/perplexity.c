@@ -120,21 +120,7 @@ int cmd_perplexity(int argc, char **argv) {
     fprintf(stderr, "perplexity: %zu chunks x %d tokens in %.1f s (%.1f tok/s), peak RSS %.1f MiB\n",
             n_chunk, n_ctx, (now_ms() - t0) / 1e3,
             (double)(n_chunk * (size_t)n_ctx) / ((now_ms() - t0) / 1e3), peak_rss_mib());
-    tr_session_kv_stats kv;
-    tr_session_get_kv_stats(s, &kv);
-    if (kv.managed && o.kv.kv_tail_bits)
-        fprintf(stderr, "perplexity: kv tail: %.1f %% of the unselected tokens summed, holding on "
-                        "average %.2f %% of each head's attention\n",
-                100.0 * kv.tail_kept, 100.0 * kv.tail_share);
-    if (kv.managed && kv.sel_hot + kv.sel_cold)
-        fprintf(stderr, "perplexity: kv selection: %.1f %% of the tokens a row selects were selected "
-                        "by the row before it too; %.1f %% found hot\n",
-                100.0 * kv.sel_repeat,
-                100.0 * (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold));
-    if (kv.managed && kv.spec_rows)
-        fprintf(stderr, "perplexity: kv spec: %llu rows selected with a speculative query (%llu "
-                        "during the previous layer), cosine to the real query %.3f\n",
-                (unsigned long long)kv.spec_rows, (unsigned long long)kv.spec_early, kv.spec_cos);
+    print_kv_stats(stderr, s, "perplexity: ");
     rc = 0;
 out:
     free(logits);

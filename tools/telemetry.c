@@ -112,31 +112,11 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                 (unsigned long long)st.prefetch_issued, (unsigned long long)st.prefetch_used,
                 (unsigned long long)st.prefetch_wasted_bytes);
         if (t->sess) {
-            tr_session_kv_stats kv;
+            tr_kv_stats kv;
             tr_session_get_kv_stats(t->sess, &kv);
-            fprintf(t->f,
-                    ", \"kv_policy\": \"%s\", \"kv_tokens\": %lld, \"kv_hot_bytes\": %llu, "
-                    "\"kv_cold_bytes\": %llu, \"kv_selected\": %llu, \"kv_bytes_read\": %llu, "
-                    "\"kv_score_ms\": %.3f, \"kv_attn_ms\": %.3f, \"kv_promotions\": %llu, "
-                    "\"kv_demotions\": %llu, \"kv_pingpong\": %llu, \"kv_migrated_bytes\": %llu, "
-                    "\"kv_hot_hit_rate\": %.5f, \"kv_agent_score_bytes\": %llu, "
-                    "\"kv_agent_row_bytes\": %llu, \"kv_beta\": %.4f, \"kv_beta_split\": %.4f, "
-                    "\"kv_f_c\": %.0f, "
-                    "\"kv_f_s\": %.0f, \"kv_b_c\": %.0f, \"kv_b_s\": %.0f, \"kv_tail_share\": %.5f, "
-                    "\"kv_tail_kept\": %.5f, \"kv_spec_rows\": %llu, \"kv_spec_early\": %llu, "
-                    "\"kv_spec_cos\": %.4f, \"kv_sel_repeat\": %.4f",
-                    kv.policy, (long long)kv.tokens, (unsigned long long)kv.hot_bytes,
-                    (unsigned long long)kv.cold_bytes, (unsigned long long)kv.selected,
-                    (unsigned long long)kv.bytes_read, kv.score_ms, kv.attn_ms,
-                    (unsigned long long)kv.promotions, (unsigned long long)kv.demotions,
-                    (unsigned long long)kv.pingpong, (unsigned long long)kv.migrated_bytes,
-                    kv.sel_hot + kv.sel_cold
-                        ? (double)kv.sel_hot / (double)(kv.sel_hot + kv.sel_cold)
-                        : 0.0,
-                    (unsigned long long)kv.csd_score_bytes, (unsigned long long)kv.csd_row_bytes,
-                    kv.beta, kv.beta_split, kv.f_c, kv.f_s, kv.b_c, kv.b_s, kv.tail_share,
-                    kv.tail_kept, (unsigned long long)kv.spec_rows,
-                    (unsigned long long)kv.spec_early, kv.spec_cos, kv.sel_repeat);
+            char buf[2048];
+            tr_kv_stats_format(&kv, TR_KV_STATS_JSON, NULL, buf, sizeof buf);
+            fprintf(t->f, ", %s", buf);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
         fputs("}\n", t->f);

@@ -4,8 +4,10 @@
  * ...; it serves requests in order until QUIT or until the runtime goes (PR_SET_PDEATHSIG): row
  * requests on a thread of their own, so that the next layer's scoring runs while rows are read.
  * Or started by the user for a disk shared by several sessions: `--listen SOCKET` accepts
- * runtimes (--csd-socket SOCKET), receives the same descriptors over the socket and forks a
- * process per session that serves it the same way, until QUIT or until the connection closes.
+ * runtimes (--csd-socket SOCKET) and forks a process per connection at once, which receives the
+ * same descriptors over the socket (with a deadline of its own, so an idle or broken client
+ * delays nobody else) and serves that session the same way, until QUIT or until the connection
+ * closes.
  *
  * Memory: its own buffers only, sized at start from the geometry and reported in the region
  * (mem_bytes): one layer's per-head scores for the context (n_head x n_ctx floats), its copy of
@@ -34,10 +36,10 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/io.h"
 #include "core/pool.h"
-#include "experts/io.h"
 #include "kv/csd.h"
-#include "kv/kv_internal.h"
+#include "kv/score.h"
 #include "tensor/kernels.h"
 
 struct jobset {
@@ -722,6 +724,40 @@ bad:
     return -1;
 }
 
+/* one connection, in a process of its own: the hello and the descriptors (a runtime that sends
+ * nothing, or junk, is dropped after HANDSHAKE_S), then the session */
+#define HANDSHAKE_S 5
+static int serve_connection(int cs) {
+    const struct timeval tv = {.tv_sec = HANDSHAKE_S};
+    setsockopt(cs, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    tr_csd_hello h;
+    int *fds;
+    if (receive_session(cs, &h, &fds)) {
+        fprintf(stderr, "terrace-storaged: a connection without a valid terrace KV session "
+                        "(version %d expected) was closed\n", TR_CSD_VERSION);
+        close(cs);
+        return 2;
+    }
+    fprintf(stderr, "terrace-storaged: serving runtime pid %d (%d layers) in pid %d\n",
+            (int)h.host_pid, h.n_fd - 1, (int)getpid());
+    /* the session's descriptors at 3, 4, ... (through copies above that range, as the runtime
+     * does for its own child); the connection above them too */
+    const int hi = TR_CSD_FD_SHM + h.n_fd + 16;
+    const int sock = fcntl(cs, F_DUPFD_CLOEXEC, hi);
+    close(cs);
+    for (int i = 0; i < h.n_fd; i++) {
+        const int t = fcntl(fds[i], F_DUPFD_CLOEXEC, hi);
+        close(fds[i]);
+        fds[i] = t;
+    }
+    for (int i = 0; i < h.n_fd; i++) {
+        if (fds[i] < 0 || dup2(fds[i], TR_CSD_FD_SHM + i) < 0) return 2;
+        close(fds[i]);
+    }
+    free(fds);
+    return sock < 0 ? 2 : serve((pid_t)h.host_pid, sock);
+}
+
 static int listen_main(const char *path) {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof a.sun_path) {
@@ -767,48 +803,22 @@ static int listen_main(const char *path) {
             unlink(path);
             return 1;
         }
-        /* a runtime that connects and sends nothing does not hold the others up for long */
-        const struct timeval tv = {.tv_sec = 5};
-        setsockopt(cs, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        tr_csd_hello h;
-        int *fds;
-        if (receive_session(cs, &h, &fds)) {
-            fprintf(stderr, "terrace-storaged: a connection without a valid terrace KV session "
-                            "(version %d expected) was closed\n", TR_CSD_VERSION);
+        /* each connection gets its process before anything is read from it: the handshake is
+         * that process's, so an idle or broken client never holds up the next one */
+        const pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "terrace-storaged: fork for a connection: %s\n", strerror(errno));
             close(cs);
             continue;
         }
-        const pid_t pid = fork();
         if (pid == 0) {
-            /* the session's descriptors at 3, 4, ... (through copies above that range, as the
-             * runtime does for its own child); the connection above them too */
             close(ls);
+            g_listen_path = NULL;
             signal(SIGCHLD, SIG_DFL);
             signal(SIGINT, SIG_DFL);
             signal(SIGTERM, SIG_DFL);
-            const int hi = TR_CSD_FD_SHM + h.n_fd + 16;
-            const int sock = fcntl(cs, F_DUPFD_CLOEXEC, hi);
-            close(cs);
-            for (int i = 0; i < h.n_fd; i++) {
-                const int t = fcntl(fds[i], F_DUPFD_CLOEXEC, hi);
-                close(fds[i]);
-                fds[i] = t;
-            }
-            for (int i = 0; i < h.n_fd; i++) {
-                if (fds[i] < 0 || dup2(fds[i], TR_CSD_FD_SHM + i) < 0) _exit(2);
-                close(fds[i]);
-            }
-            free(fds);
-            _exit(sock < 0 ? 2 : serve((pid_t)h.host_pid, sock));
+            _exit(serve_connection(cs));
         }
-        if (pid < 0)
-            fprintf(stderr, "terrace-storaged: fork for runtime pid %d: %s\n", (int)h.host_pid,
-                    strerror(errno));
-        else
-            fprintf(stderr, "terrace-storaged: serving runtime pid %d (%d layers) in pid %d\n",
-                    (int)h.host_pid, h.n_fd - 1, (int)pid);
-        for (int i = 0; i < h.n_fd; i++) close(fds[i]);
-        free(fds);
         close(cs);
     }
 }

@@ -46,7 +46,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
-#include "experts/io.h"
+#include "core/io.h"
 #include "experts/policy.h"
 
 /* Reads are split into chunks of at most this size (default), so one missing expert (3 parts)

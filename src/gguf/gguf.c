@@ -790,6 +790,9 @@ const char *tr_gguf_shard_path(const tr_gguf *g, uint32_t i) {
 uint64_t tr_gguf_shard_size(const tr_gguf *g, uint32_t i) {
     return i < g->n_shards ? g->shards[i].size : 0;
 }
+const void *tr_gguf_shard_map(const tr_gguf *g, uint32_t i) {
+    return i < g->n_shards ? g->shards[i].map : NULL;
+}
 uint64_t tr_gguf_data_offset(const tr_gguf *g, uint32_t i) {
     return i < g->n_shards ? g->shards[i].data_start : 0;
 }

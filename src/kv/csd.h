@@ -1,7 +1,7 @@
 /*
  * The storage agent (terrace-storaged): HillInfer's "computational storage" for the cold pool,
  * as a separate process next to the storage. This header is the contract between the runtime
- * (src/kv/csd_host.c) and the agent (src/agent/storaged.c): one shared-memory region, created by
+ * (src/kv/kv_csd.c) and the agent (src/agent/storaged.c): one shared-memory region, created by
  * the runtime (memfd), holding a control block, the request ring, the data areas and the
  * compute working set itself, so rows the agent reads land where the attention reads them.
  *
@@ -23,7 +23,7 @@
  *           publishes the parts in order as each is complete (rows_parts), so the host attends
  *           over a part while the later ones are still read.
  * The host and the agent compute the scores with the same functions on the same bytes, so the
- * agent selects exactly what host scoring selects (test_kv checks it).
+ * agent selects exactly what host scoring selects (test_kv_agent checks it).
  *
  * The agent reads a ROWS request's rows on a thread of its own, so that it scores the next
  * layer's SCORE and FINISH (--kv-spec selects it ahead) while the rows are read: requests can

@@ -1,5 +1,5 @@
 /*
- * Placement between the hot and the cold pool (BKP: bidirectional KV pools), see tr_kv_bkp.
+ * Placement between the hot and the cold pool (BKP: bidirectional KV pools), kv_bkp.h.
  *
  * Every complete page is written through to the cold pool, so a hot token whose page is written
  * has a valid cold copy: demoting it only frees its slot. Promotion costs no read either: the
@@ -33,12 +33,13 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "kv/kv_internal.h"
+#include "kv/kv_bkp.h"
 
 #define KV_BKP_DECAY_SHIFT 3                /* every step: hits -= hits / 8, rounded up */
 #define KV_BKP_PROMOTE     (2 * TR_KV_HIT) /* ON: hits a cold token needs to be promoted ... */
 #define KV_BKP_MARGIN      TR_KV_HIT       /* ... and how many more than the token it displaces */
 #define KV_BKP_RESIDE      4               /* ON: steps a moved token stays where it went */
+
 
 static const char *const bkp_names[] = {"off", "naive", "on"};
 
@@ -54,43 +55,82 @@ tr_status tr_kv_bkp_parse(const char *name, tr_kv_bkp *out, tr_error *err) {
 
 const char *tr_kv_bkp_name(tr_kv_bkp b) { return (unsigned)b < 3 ? bkp_names[b] : "?"; }
 
-static void note_move(tr_kv *kv, tr_kv_layer *L, int32_t pos, uint32_t promoted) {
-    const uint32_t m = L->moved[pos];
-    if (m && (m & 1u) != promoted && L->step - (m >> 1) <= TR_KV_PINGPONG_W) kv->pingpong++;
-    L->moved[pos] = (L->step << 1) | promoted;
+tr_status tr_kv_bkp_init(tr_kv_bkp_state *B, tr_kv_store *st, const tr_kv_params *p,
+                         uint64_t *total, tr_error *err) {
+    memset(B, 0, sizeof *B);
+    B->st = st;
+    B->mode = p->bkp;
+    B->n_sink = p->n_sink;
+    B->n_window = p->n_window;
+    const size_t NL = (size_t)st->n_layer, slots = (size_t)st->hot_slots;
+    B->moved = tr_kv_alloc(NL * (size_t)st->n_ctx * 4, 0, total);
+    B->step = tr_kv_alloc(NL * 4, 0, total);
+    B->att_hi = tr_kv_alloc(NL * 4, 0, total);
+    B->vpos = tr_kv_alloc(slots * 4, 0, total);
+    B->vkey = tr_kv_alloc(slots * 4, 0, total);
+    B->vidx = tr_kv_alloc(slots * 4, 0, total);
+    B->cand = tr_kv_alloc((size_t)st->ws_cap * 4, 0, total);
+    if (!B->moved || !B->step || !B->att_hi || !B->vpos || !B->vkey || !B->vidx || !B->cand)
+        return tr_fail(err, TR_E_NOMEM, "KV placement: out of memory");
+    for (size_t l = 0; l < NL; l++) {
+        B->step[l] = 1;
+        B->att_hi[l] = -1;
+    }
+    return TR_OK;
 }
 
-static bool recently_moved(const tr_kv *kv, const tr_kv_layer *L, int32_t pos, uint32_t promoted) {
-    const uint32_t m = L->moved[pos];
-    return kv->params.bkp == TR_KV_BKP_ON && m && (m & 1u) == promoted &&
-           L->step - (m >> 1) < KV_BKP_RESIDE;
+void tr_kv_bkp_free(tr_kv_bkp_state *B) {
+    free(B->moved);
+    free(B->step);
+    free(B->att_hi);
+    free(B->vpos);
+    free(B->vkey);
+    free(B->vidx);
+    free(B->cand);
 }
 
-static void demote(tr_kv *kv, tr_kv_layer *L, int32_t pos) {
-    tr_kv_drop_hot(kv, L, pos);
-    L->tok[pos].where = TR_KV_TOK_COLD;
-    kv->demotions++;
-    note_move(kv, L, pos, 0);
+static uint32_t *moved_of(const tr_kv_bkp_state *B, int32_t layer) {
+    return B->moved + (size_t)layer * (size_t)B->st->n_ctx;
 }
 
-/* Hot tokens that may go to the cold pool, into kv->bkp_pos / bkp_key (key: hits, ties to the
- * oldest). Always written and not a sink; level 0: also outside the window of every row still to
- * come (attended anyway, and without hits since nobody chose them: a prefill batch appends its
- * tokens before its rows attend) and past their residence; 1: outside those windows; 2: any, the
- * oldest first (what static placement does). Returns how many. */
-static int32_t victims(tr_kv *kv, const tr_kv_layer *L, int level) {
-    const int32_t n_sink = kv->params.n_sink;
-    const int32_t win_lo = L->att_hi + 2 - kv->params.n_window; /* the next row's window */
-    const float inv = 1.0f / (float)kv->shape.n_ctx;
+static void note_move(tr_kv_bkp_state *B, int32_t layer, int32_t pos, uint32_t promoted) {
+    uint32_t *moved = moved_of(B, layer);
+    const uint32_t m = moved[pos], step = B->step[layer];
+    if (m && (m & 1u) != promoted && step - (m >> 1) <= TR_KV_PINGPONG_W) B->pingpong++;
+    moved[pos] = (step << 1) | promoted;
+}
+
+static bool recently_moved(const tr_kv_bkp_state *B, int32_t layer, int32_t pos,
+                           uint32_t promoted) {
+    const uint32_t m = moved_of(B, layer)[pos];
+    return B->mode == TR_KV_BKP_ON && m && (m & 1u) == promoted &&
+           B->step[layer] - (m >> 1) < KV_BKP_RESIDE;
+}
+
+static void demote(tr_kv_bkp_state *B, int32_t layer, int32_t pos) {
+    tr_kv_store_demote(B->st, &B->st->layers[layer], pos);
+    note_move(B, layer, pos, 0);
+}
+
+/* Hot tokens that may go to the cold pool, into vpos / vkey (key: hits, ties to the oldest).
+ * Always written and not a sink; level 0: also outside the window of every row still to come
+ * (attended anyway, and without hits since nobody chose them: a prefill batch appends its tokens
+ * before its rows attend) and past their residence; 1: outside those windows; 2: any, the oldest
+ * first (what static placement does). Returns how many. */
+static int32_t victims(tr_kv_bkp_state *B, int32_t layer, int level) {
+    const tr_kv_slayer *L = &B->st->layers[layer];
+    const int32_t n_sink = B->n_sink;
+    const int32_t win_lo = B->att_hi[layer] + 2 - B->n_window; /* the next row's window */
+    const float inv = 1.0f / (float)B->st->n_ctx;
     int32_t n = 0;
-    for (int32_t s = 0; s < kv->hot_slots; s++) {
+    for (int32_t s = 0; s < B->st->hot_slots; s++) {
         const int32_t p = L->slot_pos[s];
         if (p < n_sink || p / TR_KV_PAGE >= L->pages_written) continue; /* free, sink, no copy */
         if (level < 2 && p >= win_lo) continue;
-        if (level < 1 && recently_moved(kv, L, p, 1)) continue;
-        kv->bkp_pos[n] = p;
+        if (level < 1 && recently_moved(B, layer, p, 1)) continue;
+        B->vpos[n] = p;
         /* topk takes the largest */
-        kv->bkp_key[n] = level < 2 ? -((float)L->tok[p].hits + (float)p * inv) : -(float)p;
+        B->vkey[n] = level < 2 ? -((float)L->tok[p].hits + (float)p * inv) : -(float)p;
         n++;
     }
     return n;
@@ -102,38 +142,40 @@ static int cmp_key_desc(const void *a, const void *b, void *ctx) {
     return x > y ? -1 : x < y;
 }
 
-/* the k weakest victims, weakest first, in kv->bkp_idx[0..k) */
-static int32_t weakest(tr_kv *kv, int32_t n, int32_t k) {
+/* the k weakest victims, weakest first, in vidx[0..k) */
+static int32_t weakest(tr_kv_bkp_state *B, int32_t n, int32_t k) {
     if (k > n) k = n;
-    for (int32_t i = 0; i < n; i++) kv->bkp_idx[i] = i;
-    tr_kv_topk(kv->bkp_key, kv->bkp_idx, n, k);
-    qsort_r(kv->bkp_idx, (size_t)k, sizeof(int32_t), cmp_key_desc, kv->bkp_key);
+    for (int32_t i = 0; i < n; i++) B->vidx[i] = i;
+    tr_kv_topk(B->vkey, B->vidx, n, k);
+    qsort_r(B->vidx, (size_t)k, sizeof(int32_t), cmp_key_desc, B->vkey);
     return k;
 }
 
-bool tr_kv_make_room(tr_kv *kv, tr_kv_layer *L) {
-    if (L->n_free) return true;
+bool tr_kv_bkp_make_room(void *ctx, int32_t layer) {
+    tr_kv_bkp_state *B = ctx;
+    if (B->st->layers[layer].n_free) return true;
     /* a batch, so that the scan over the hot slots is paid once per batch of appends */
-    int32_t batch = kv->hot_slots / 32;
+    int32_t batch = B->st->hot_slots / 32;
     if (batch < 1) batch = 1;
     /* the budget is hard: residence, then the window, give way if nothing else can go */
     int32_t n = 0;
-    for (int level = 0; level < 3 && !n; level++) n = victims(kv, L, level);
-    const int32_t k = weakest(kv, n, batch);
-    for (int32_t i = 0; i < k; i++) demote(kv, L, kv->bkp_pos[kv->bkp_idx[i]]);
+    for (int level = 0; level < 3 && !n; level++) n = victims(B, layer, level);
+    const int32_t k = weakest(B, n, batch);
+    for (int32_t i = 0; i < k; i++) demote(B, layer, B->vpos[B->vidx[i]]);
     return k > 0;
 }
 
-void tr_kv_bkp_step(tr_kv *kv, tr_kv_layer *L) {
-    (void)kv;
-    L->step++;
+void tr_kv_bkp_step(tr_kv_bkp_state *B, int32_t layer, int32_t pos) {
+    tr_kv_slayer *L = &B->st->layers[layer];
+    B->step[layer]++;
     const uint32_t round = (1u << KV_BKP_DECAY_SHIFT) - 1; /* up: one hit fades out in time */
     for (int32_t t = 0; t < L->len; t++)
         L->tok[t].hits -= (uint16_t)((L->tok[t].hits + round) >> KV_BKP_DECAY_SHIFT);
+    if (pos > B->att_hi[layer]) B->att_hi[layer] = pos;
 }
 
 typedef struct cand_ctx {
-    const tr_kv_layer *L;
+    const tr_kv_slayer *L;
     const int32_t *T;
 } cand_ctx;
 
@@ -144,26 +186,23 @@ static int cmp_cand(const void *a, const void *b, void *ctx) {
     return y - x;
 }
 
-static void promote(tr_kv *kv, tr_kv_layer *L, int32_t pos, const uint8_t *rec) {
-    const uint32_t slot = L->free_slots[--L->n_free];
-    memcpy(L->hot + (size_t)slot * kv->rec, rec, kv->rec);
-    L->tok[pos].slot = slot;
-    L->tok[pos].where = TR_KV_TOK_HOT;
-    L->slot_pos[slot] = pos;
-    kv->promotions++;
-    kv->migrated_bytes += kv->rec;
-    note_move(kv, L, pos, 1);
+static void promote(tr_kv_bkp_state *B, int32_t layer, int32_t pos, const uint8_t *rec) {
+    tr_kv_store_promote(B->st, &B->st->layers[layer], pos, rec);
+    note_move(B, layer, pos, 1);
 }
 
-void tr_kv_bkp_promote(tr_kv *kv, tr_kv_layer *L, const int32_t *T, int32_t c0, int32_t c1,
+void tr_kv_bkp_promote(void *ctx, int32_t layer, const int32_t *T, int32_t c0, int32_t c1,
                        const uint8_t *skip, int32_t slot0) {
-    if (kv->params.bkp == TR_KV_BKP_OFF || !kv->cold) return;
-    const bool on = kv->params.bkp == TR_KV_BKP_ON;
-    int32_t *cand = kv->bkp_cand, nc = 0;
+    tr_kv_bkp_state *B = ctx;
+    tr_kv_store *st = B->st;
+    tr_kv_slayer *L = &st->layers[layer];
+    if (B->mode == TR_KV_BKP_OFF || !st->cold) return;
+    const bool on = B->mode == TR_KV_BKP_ON;
+    int32_t *cand = B->cand, nc = 0;
     for (int32_t i = c0; i < c1; i++) {
         const int32_t p = T[i];
         if ((skip && skip[i]) || L->tok[p].where != TR_KV_TOK_COLD) continue;
-        if (on && (L->tok[p].hits < KV_BKP_PROMOTE || recently_moved(kv, L, p, 0))) continue;
+        if (on && (L->tok[p].hits < KV_BKP_PROMOTE || recently_moved(B, layer, p, 0))) continue;
         cand[nc++] = i;
     }
     if (!nc) return;
@@ -171,13 +210,19 @@ void tr_kv_bkp_promote(tr_kv *kv, tr_kv_layer *L, const int32_t *T, int32_t c0, 
     qsort_r(cand, (size_t)nc, sizeof *cand, cmp_cand, &cc); /* most hits first */
     int32_t ci = 0;
     for (; ci < nc && L->n_free; ci++)
-        promote(kv, L, T[cand[ci]], kv->ws + (size_t)(slot0 + cand[ci] - c0) * kv->rec);
+        promote(B, layer, T[cand[ci]], st->ws + (size_t)(slot0 + cand[ci] - c0) * st->rec);
     if (ci == nc) return;
-    const int32_t k = weakest(kv, victims(kv, L, 0), nc - ci);
+    const int32_t k = weakest(B, victims(B, layer, 0), nc - ci);
     for (int32_t v = 0; v < k && ci < nc; v++, ci++) {
-        const int32_t vp = kv->bkp_pos[kv->bkp_idx[v]], cp = T[cand[ci]];
+        const int32_t vp = B->vpos[B->vidx[v]], cp = T[cand[ci]];
         if (on && L->tok[cp].hits < L->tok[vp].hits + KV_BKP_MARGIN) break;
-        demote(kv, L, vp);
-        promote(kv, L, cp, kv->ws + (size_t)(slot0 + cand[ci] - c0) * kv->rec);
+        demote(B, layer, vp);
+        promote(B, layer, cp, st->ws + (size_t)(slot0 + cand[ci] - c0) * st->rec);
     }
+}
+
+void tr_kv_bkp_dropped(tr_kv_bkp_state *B, int32_t layer, int32_t n) {
+    uint32_t *moved = moved_of(B, layer);
+    for (int32_t p = n; p < B->st->layers[layer].len; p++) moved[p] = 0;
+    if (B->att_hi[layer] > n - 1) B->att_hi[layer] = n - 1;
 }

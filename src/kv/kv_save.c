@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "kv/kv_internal.h"
+#include "kv/kv_pooled.h"
 
 typedef struct save_header {
     char magic[8];
@@ -45,11 +45,23 @@ typedef struct tok_meta {
     float mass;
 } tok_meta;
 
+/* tiered's per-channel scales of a layer (NULL for the other policies) */
+static float *scales_of(const tr_kv *kv, int32_t layer, size_t *bytes, bool **calibrated) {
+    *bytes = 0;
+    *calibrated = NULL;
+    return kv->params.policy == TR_KV_TIERED ? tr_kv_tiered_scales(kv, layer, bytes, calibrated)
+                                            : NULL;
+}
+
+static float *mass_of(const tr_kv *kv, int32_t layer) {
+    return kv->params.policy == TR_KV_H2O ? tr_kv_h2o_mass(kv, layer) : NULL;
+}
+
 static uint64_t payload_bytes(const tr_kv *kv, int32_t len) {
-    const uint64_t eq = kv->params.policy == TR_KV_TIERED
-                            ? (uint64_t)kv->shape.n_head_kv * (uint64_t)kv->hdk_pad * 4
-                            : 0;
-    return eq + (uint64_t)len * (kv->rec + sizeof(tok_meta));
+    size_t eq;
+    bool *cal;
+    scales_of(kv, 0, &eq, &cal);
+    return eq + (uint64_t)len * (tr_kv_pooled_of(kv)->st.rec + sizeof(tok_meta));
 }
 
 static tr_status wr(FILE *f, tr_kv_hasher *h, const void *p, size_t n, const char *path,
@@ -63,6 +75,10 @@ static tr_status wr(FILE *f, tr_kv_hasher *h, const void *p, size_t n, const cha
 tr_status tr_kv_save(const tr_kv *ckv, const char *path, tr_error *err) {
     /* reading cold records back updates the read counters: the cache itself does not change */
     tr_kv *kv = (tr_kv *)ckv;
+    if (kv->ops != &tr_kv_pooled_kv_ops)
+        return tr_fail(err, TR_E_UNSUPPORTED, "KV save: the %s policy is not saved this way",
+                       tr_kv_policy_name(kv->params.policy));
+    tr_kv_store *S = &tr_kv_pooled_of(kv)->st;
     FILE *f = fopen(path, "wb");
     if (!f) return tr_fail(err, TR_E_IO, "KV save: cannot create %s: %s", path, strerror(errno));
     save_header sh = {.version = 2,
@@ -78,32 +94,35 @@ tr_status tr_kv_save(const tr_kv *ckv, const char *path, tr_error *err) {
     sh.hash = tr_kv_hash64(&sh, offsetof(save_header, hash), 0);
     tr_status st = wr(f, NULL, &sh, sizeof sh, path, err);
     for (int32_t l = 0; l < kv->shape.n_layer && !st; l++) {
-        tr_kv_layer *L = &kv->layers[l];
+        tr_kv_slayer *L = &S->layers[l];
+        size_t eq_bytes;
+        bool *calibrated;
+        const float *eq = scales_of(kv, l, &eq_bytes, &calibrated);
+        const float *mass = mass_of(kv, l);
         layer_header lh = {.magic = LAYER_MAGIC,
                            .layer = (uint32_t)l,
                            .len = L->len,
-                           .calibrated = L->calibrated,
+                           .calibrated = calibrated && *calibrated,
                            .payload = payload_bytes(kv, L->len)};
         lh.hash = tr_kv_hash64(&lh, offsetof(layer_header, hash), 0);
         st = wr(f, NULL, &lh, sizeof lh, path, err);
         tr_kv_hasher h;
         tr_kv_hasher_init(&h, 0);
-        if (!st && kv->params.policy == TR_KV_TIERED)
-            st = wr(f, &h, L->eq, (size_t)kv->shape.n_head_kv * (size_t)kv->hdk_pad * 4, path, err);
+        if (!st && eq) st = wr(f, &h, eq, eq_bytes, path, err);
         for (int32_t p = 0; p < L->len && !st; p++) {
             const tr_kv_tok *t = &L->tok[p];
-            const uint8_t *rec = kv->rec_tmp;
+            const uint8_t *rec = S->rec_tmp;
             if (t->where == TR_KV_TOK_HOT)
-                rec = L->hot + (size_t)t->slot * kv->rec;
+                rec = L->hot + (size_t)t->slot * S->rec;
             else if (t->where == TR_KV_TOK_COLD)
-                st = tr_kv_cold_read_sync(kv, l, p, 1, kv->rec_tmp, err);
+                st = tr_kv_cold_read_sync(S, l, p, 1, S->rec_tmp, err);
             else
-                memset(kv->rec_tmp, 0, kv->rec);
-            if (!st) st = wr(f, &h, rec, kv->rec, path, err);
+                memset(S->rec_tmp, 0, S->rec);
+            if (!st) st = wr(f, &h, rec, S->rec, path, err);
         }
         for (int32_t p = 0; p < L->len && !st; p++) {
             const tr_kv_tok *t = &L->tok[p];
-            tok_meta m = {.where = t->where, .hits = t->hits, .mass = L->mass ? L->mass[p] : 0.0f};
+            tok_meta m = {.where = t->where, .hits = t->hits, .mass = mass ? mass[p] : 0.0f};
             st = wr(f, &h, &m, sizeof m, path, err);
         }
         if (!st) {
@@ -126,7 +145,12 @@ static tr_status rd(FILE *f, tr_kv_hasher *h, void *p, size_t n, const char *pat
 }
 
 static tr_status restore_layer(tr_kv *kv, FILE *f, int32_t l, const char *path, tr_error *err) {
-    tr_kv_layer *L = &kv->layers[l];
+    tr_kv_store *S = &tr_kv_pooled_of(kv)->st;
+    tr_kv_slayer *L = &S->layers[l];
+    size_t eq_bytes;
+    bool *calibrated;
+    float *eq = scales_of(kv, l, &eq_bytes, &calibrated);
+    float *mass = mass_of(kv, l);
     layer_header lh;
     tr_status st = rd(f, NULL, &lh, sizeof lh, path, err);
     if (st) return st;
@@ -140,18 +164,18 @@ static tr_status restore_layer(tr_kv *kv, FILE *f, int32_t l, const char *path, 
                        path, lh.layer, lh.len, (unsigned long long)lh.payload, l, kv->shape.n_ctx);
     tr_kv_hasher h;
     tr_kv_hasher_init(&h, 0);
-    if (kv->params.policy == TR_KV_TIERED) {
-        st = rd(f, &h, L->eq, (size_t)kv->shape.n_head_kv * (size_t)kv->hdk_pad * 4, path, err);
+    if (eq) {
+        st = rd(f, &h, eq, eq_bytes, path, err);
         if (st) return st;
-        for (int32_t i = 0; i < kv->shape.n_head_kv * kv->hdk_pad; i++)
-            if (!(L->eq[i] > 0.0f && L->eq[i] < 1e30f))
+        for (size_t i = 0; i < eq_bytes / 4; i++)
+            if (!(eq[i] > 0.0f && eq[i] < 1e30f))
                 return tr_fail(err, TR_E_FORMAT, "KV restore: %s: layer %d: bad channel scale",
                                path, l);
-        L->calibrated = lh.calibrated != 0;
+        *calibrated = lh.calibrated != 0;
     }
     for (int32_t p = 0; p < lh.len; p++) {
-        if ((st = rd(f, &h, kv->rec_tmp, kv->rec, path, err))) return st;
-        if ((st = tr_kv_append_rec(kv, l, kv->rec_tmp, err))) return st;
+        if ((st = rd(f, &h, S->rec_tmp, S->rec, path, err))) return st;
+        if ((st = tr_kv_pooled_append_rec(kv, l, S->rec_tmp, err))) return st;
     }
     for (int32_t p = 0; p < lh.len; p++) {
         tok_meta m;
@@ -161,12 +185,9 @@ static tr_status restore_layer(tr_kv *kv, FILE *f, int32_t l, const char *path, 
                            l, p, m.where);
         tr_kv_tok *t = &L->tok[p];
         t->hits = m.hits;
-        if (L->mass) L->mass[p] = m.mass;
-        if (m.where == TR_KV_TOK_EVICTED && t->where != TR_KV_TOK_EVICTED) {
-            if (t->where == TR_KV_TOK_HOT) tr_kv_drop_hot(kv, L, p);
-            t->where = TR_KV_TOK_EVICTED;
-            L->n_evicted++;
-        }
+        if (mass) mass[p] = m.mass;
+        if (m.where == TR_KV_TOK_EVICTED && t->where != TR_KV_TOK_EVICTED)
+            tr_kv_store_evict(S, L, p);
     }
     uint64_t d;
     if ((st = rd(f, NULL, &d, sizeof d, path, err))) return st;
@@ -176,6 +197,9 @@ static tr_status restore_layer(tr_kv *kv, FILE *f, int32_t l, const char *path, 
 }
 
 tr_status tr_kv_restore(tr_kv *kv, const char *path, tr_error *err) {
+    if (kv->ops != &tr_kv_pooled_kv_ops)
+        return tr_fail(err, TR_E_UNSUPPORTED, "KV restore: the %s policy is not restored this way",
+                       tr_kv_policy_name(kv->params.policy));
     FILE *f = fopen(path, "rb");
     if (!f) return tr_fail(err, TR_E_IO, "KV restore: cannot open %s: %s", path, strerror(errno));
     save_header sh;
@@ -209,10 +233,8 @@ tr_status tr_kv_restore(tr_kv *kv, const char *path, tr_error *err) {
     fclose(f);
     if (st) {
         tr_kv_truncate(kv, 0, NULL);
-        for (int32_t l = 0; l < kv->shape.n_layer; l++) {
-            tr_kv_layer *L = &kv->layers[l];
-            L->n_evicted = 0;
-        }
+        for (int32_t l = 0; l < kv->shape.n_layer; l++)
+            tr_kv_pooled_of(kv)->st.layers[l].n_evicted = 0;
     }
     return st;
 }

@@ -2,8 +2,9 @@
  * The forward pass shared by every architecture: a batch of rows (tokens; of one session during
  * prefill, of several during batched decode) goes through the layers together, so every weight
  * matrix is read once per batch (matrix-matrix products); attention runs per row against that
- * row's own session KV cache. Nothing is allocated here: all buffers come from the scratch the
- * session sized at creation.
+ * row's own session KV cache: the forward pass hands each layer's K/V and queries to it and asks
+ * for the attention. Nothing is allocated here: all buffers come from the scratch the session
+ * sized at creation.
  */
 #include <math.h>
 #include <string.h>
@@ -48,103 +49,6 @@ static void project(tr_model *m, tr_scratch *sc, const tr_mat *W, int32_t rows, 
     matmul(m, sc, W, sc->xn, rows, sc->att);
     for (int32_t r = rows - 1; r >= 0; r--)
         memmove(y + r * stride, sc->att + r * n, (size_t)n * sizeof(float));
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* attention                                                                                      */
-
-/* The full policy's attention: tasks of one KV head and a block of consecutive rows (tr_attn's
- * tiles: the block's positions × the KV head's query heads, at most TR_ATTN_MAX_Q vectors), so
- * each block of K and V is converted once for the whole tile. With too few such tasks for the
- * threads (decode), the query heads of a KV head are split into smaller groups. */
-typedef struct attn_job {
-    tr_model *m;
-    tr_scratch *sc;
-    int32_t layer, rows;
-    float scale;
-    int32_t rows_per_block, n_blocks, heads_per_task, n_sub; /* n_sub: tasks per KV head */
-    atomic_int_fast64_t next;
-} attn_job;
-
-/* rows [r0, r1) of one session, query heads [h0, h1) of KV head kvh */
-static void attend_tile(attn_job *j, int ith, int32_t r0, int32_t r1, int32_t kvh, int32_t h0,
-                        int32_t h1) {
-    tr_model *m = j->m;
-    tr_scratch *sc = j->sc;
-    const tr_hparams *hp = &m->hp;
-    const tr_layer *L = &m->layers[j->layer];
-    const struct tr_session *s = sc->row_sess[r0];
-    const int32_t hdk = hp->head_dim_k, hdv = hp->head_dim_v;
-    tr_attn_q qs[TR_ATTN_MAX_Q];
-    int n = 0;
-    for (int32_t r = r0; r < r1; r++) {
-        const int32_t pos = sc->row_pos[r];
-        int32_t lo = 0;
-        if (L->swa && hp->n_swa > 0 && pos >= hp->n_swa) lo = pos - hp->n_swa + 1;
-        for (int32_t h = h0; h < h1; h++)
-            qs[n++] = (tr_attn_q){
-                .q = sc->q + (size_t)r * hp->n_head_max * hdk + (size_t)h * hdk,
-                .out = sc->att + (size_t)r * hp->n_head_max * hdv + (size_t)h * hdv,
-                .lo = lo,
-                .hi = pos,
-                .sink = L->sinks ? L->sinks[h] : -INFINITY,
-            };
-    }
-    const tr_attn_kv kv = {
-        .k = tr_sess_k(s, j->layer) + (size_t)kvh * hdk,
-        .k_pos = (size_t)L->n_head_kv * hdk,
-        .v = tr_sess_vt(s, j->layer) + (size_t)kvh * hdv * s->n_ctx, /* V transposed */
-        .v_pos = 1,
-        .v_dim = (size_t)s->n_ctx,
-        .hd_k = hdk,
-        .hd_v = hdv,
-        .scale = j->scale,
-    };
-    tr_attn_f16_of(m->kern)(n, qs, &kv, sc->attn_scratch + (size_t)ith * sc->attn_floats);
-}
-
-static void attn_task(void *ctx, int ith, int nth) {
-    (void)nth;
-    attn_job *j = ctx;
-    const tr_layer *L = &j->m->layers[j->layer];
-    const int32_t G = L->n_head / L->n_head_kv;
-    const int64_t per_block = (int64_t)L->n_head_kv * j->n_sub;
-    const int64_t total = (int64_t)j->n_blocks * per_block;
-    int64_t b, e;
-    while (tr_claim(&j->next, total, 1, &b, &e)) {
-        /* the last blocks first: they see the most keys, and the threads then finish together */
-        const int32_t blk = j->n_blocks - 1 - (int32_t)(b / per_block);
-        const int32_t kvh = (int32_t)(b % per_block / j->n_sub), sub = (int32_t)(b % j->n_sub);
-        const int32_t h0 = kvh * G + sub * j->heads_per_task;
-        const int32_t h1 = h0 + j->heads_per_task < (kvh + 1) * G ? h0 + j->heads_per_task : (kvh + 1) * G;
-        const int32_t r0 = blk * j->rows_per_block;
-        const int32_t r1 = r0 + j->rows_per_block < j->rows ? r0 + j->rows_per_block : j->rows;
-        /* a block's rows may belong to several sessions (batched decode): a tile per session */
-        for (int32_t a = r0, z; a < r1; a = z) {
-            z = a + 1;
-            while (z < r1 && j->sc->row_sess[z] == j->sc->row_sess[a]) z++;
-            attend_tile(j, ith, a, z, kvh, h0, h1);
-        }
-    }
-}
-
-static void full_attention(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
-    const tr_layer *L = &m->layers[l];
-    const int32_t G = L->n_head / L->n_head_kv;
-    const int nth = tr_pool_size(m->pool);
-    attn_job j = {.m = m, .sc = sc, .layer = l, .rows = rows,
-                  .scale = m->arch->q_prescale ? 1.0f : m->hp.attn_scale};
-    j.heads_per_task = G < TR_ATTN_MAX_Q ? G : TR_ATTN_MAX_Q;
-    j.rows_per_block = TR_ATTN_MAX_Q / j.heads_per_task;
-    j.n_blocks = (rows + j.rows_per_block - 1) / j.rows_per_block;
-    /* decode: fewer tiles than a few per thread -> smaller head groups */
-    while (j.heads_per_task > 1 &&
-           (int64_t)j.n_blocks * L->n_head_kv * ((G + j.heads_per_task - 1) / j.heads_per_task) <
-               4 * nth)
-        j.heads_per_task = (j.heads_per_task + 1) / 2;
-    j.n_sub = (G + j.heads_per_task - 1) / j.heads_per_task;
-    atomic_init(&j.next, 0);
-    tr_pool_run(m->pool, attn_task, &j);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -200,59 +104,75 @@ static void finish_q(const tr_model *m, const tr_layer *L, const tr_rope_params 
         for (int64_t i = 0; i < nq; i++) q[i] *= hp->attn_scale;
 }
 
-/* --kv-spec: layer l + 1's queries, speculated from layer l's input (its own norm and query
- * projection applied to the residual stream before layer l), handed to each session's KV cache
- * before layer l attends, so that the cache selects l + 1's tokens and starts reading them while
- * l's reads are in flight (InfiniGen's observation: consecutive layers' inputs are close, the
- * residual stream changing little per layer). Only the scratch's own session decides whether the
- * buffers exist; rows of sessions without --kv-spec are skipped. */
-static tr_status spec_queries(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
-                              tr_error *err) {
+/* --kv-spec: layer l + 1's queries speculated from layer l's input (its own norm and query
+ * projection applied to the residual stream before layer l), for a KV cache that asks for them
+ * as layer l attends, so that it selects l + 1's tokens and starts reading them while l's reads
+ * are in flight (InfiniGen's observation: consecutive layers' inputs are close, the residual
+ * stream changing little per layer). Computed once per layer for every row of the batch, at the
+ * first request: the residual stream is still layer l's input then (the attention's output is
+ * added after every session has attended), and sc->xn and the RoPE table are free again. */
+typedef struct next_ctx {
+    tr_model *m;
+    tr_scratch *sc;
+    int32_t rows;
+} next_ctx;
+
+static tr_status next_queries(void *ctx, int32_t layer, int32_t row0, int32_t rows,
+                              tr_kv_next_query *out, tr_error *err) {
+    (void)rows;
+    (void)err;
+    next_ctx *c = ctx;
+    tr_model *m = c->m;
+    tr_scratch *sc = c->sc;
     const tr_hparams *hp = &m->hp;
-    const tr_layer *N = &m->layers[l + 1];
-    bool any = false;
-    for (int32_t r = 0; r < rows; r++) any = any || sc->row_sess[r]->kv_spec;
-    if (!any) return TR_OK;
+    const tr_layer *N = &m->layers[layer];
     const int64_t q_stride = (int64_t)hp->n_head_max * hp->head_dim_k;
-    float *qs = sc->qs[(l + 1) % 2]; /* the other holds layer l's, still to be used */
-    norm_rows(m, sc->xn, sc->x, N->attn_norm, N->attn_norm_b, rows);
-    project(m, sc, &N->wq, rows, qs, (int64_t)N->n_head * hp->head_dim_k, q_stride);
-    add_bias(qs, N->bq, rows, (int64_t)N->n_head * hp->head_dim_k, q_stride);
-    tr_rope_params rp = layer_rope(m, N);
-    for (int32_t r = 0; r < rows; r++) {
-        float *cs = sc->rope_cs + (size_t)r * hp->n_rot;
-        rope_row(m, &rp, sc->row_sess[r], sc->row_pos[r], cs);
-        finish_q(m, N, &rp, cs, qs + r * q_stride);
-    }
-    const float scale = m->arch->q_prescale ? 1.0f : hp->attn_scale;
-    for (int32_t r0 = 0, r1; r0 < rows; r0 = r1) {
-        struct tr_session *s = sc->row_sess[r0];
-        r1 = session_rows_end(sc, r0, rows);
-        if (s->kv_spec) {
-            tr_status st = tr_kv_spec_query(s->kv, l + 1, r1 - r0, sc->row_pos + r0,
-                                            qs + (size_t)r0 * q_stride, q_stride, scale,
-                                            N->swa ? hp->n_swa : 0, err);
-            if (st) return st;
+    float *qs = sc->qs[layer % 2]; /* the other holds the previous layer's, still to be used */
+    if (sc->qs_layer != layer) {
+        norm_rows(m, sc->xn, sc->x, N->attn_norm, N->attn_norm_b, c->rows);
+        project(m, sc, &N->wq, c->rows, qs, (int64_t)N->n_head * hp->head_dim_k, q_stride);
+        add_bias(qs, N->bq, c->rows, (int64_t)N->n_head * hp->head_dim_k, q_stride);
+        tr_rope_params rp = layer_rope(m, N);
+        for (int32_t r = 0; r < c->rows; r++) {
+            float *cs = sc->rope_cs + (size_t)r * hp->n_rot;
+            rope_row(m, &rp, sc->row_sess[r], sc->row_pos[r], cs);
+            finish_q(m, N, &rp, cs, qs + r * q_stride);
         }
+        sc->qs_layer = layer;
     }
+    *out = (tr_kv_next_query){.q = qs + (size_t)row0 * (size_t)q_stride,
+                              .q_stride = (size_t)q_stride,
+                              .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale,
+                              .swa = N->swa ? hp->n_swa : 0};
     return TR_OK;
 }
 
-/* rows whose session has a managed KV cache (a --kv-policy other than full): the policy stores
- * K/V and runs the attention; consecutive rows of one session go together */
-static tr_status managed_attention(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
-                                   tr_error *err) {
+/* each session's KV cache attends its rows of the layer; consecutive rows of one session go
+ * together (a prefill chunk, or one row of a batched decode step) */
+static tr_status attend_rows(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
+                             tr_error *err) {
     const tr_hparams *hp = &m->hp;
     const tr_layer *L = &m->layers[l];
     const size_t q_stride = (size_t)hp->n_head_max * hp->head_dim_k;
     const size_t o_stride = (size_t)hp->n_head_max * hp->head_dim_v;
-    const float scale = m->arch->q_prescale ? 1.0f : hp->attn_scale;
+    next_ctx nc = {.m = m, .sc = sc, .rows = rows};
+    sc->qs_layer = -1;
     for (int32_t r0 = 0, r1; r0 < rows; r0 = r1) {
         r1 = session_rows_end(sc, r0, rows);
-        tr_status st = tr_kv_attend_rows(sc->row_sess[r0]->kv, m->pool, l, r1 - r0,
-                                         sc->row_pos + r0, sc->q + (size_t)r0 * q_stride, q_stride,
-                                         scale, L->sinks, L->swa ? hp->n_swa : 0,
-                                         sc->att + (size_t)r0 * o_stride, o_stride, err);
+        const tr_kv_query q = {.layer = l,
+                               .rows = r1 - r0,
+                               .pos = sc->row_pos + r0,
+                               .q = sc->q + (size_t)r0 * q_stride,
+                               .q_stride = q_stride,
+                               .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale,
+                               .sinks = L->sinks,
+                               .swa = L->swa ? hp->n_swa : 0,
+                               .out = sc->att + (size_t)r0 * o_stride,
+                               .out_stride = o_stride,
+                               .next = sc->qs[0] && l + 1 < hp->n_layer ? next_queries : NULL,
+                               .next_ctx = &nc,
+                               .next_row0 = r0};
+        tr_status st = tr_kv_attend(sc->row_sess[r0]->kv, m->pool, &q, err);
         if (st) return st;
     }
     return TR_OK;
@@ -293,28 +213,14 @@ static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t
             tr_rmsnorm(k, k, L->k_norm, nk, hp->rms_eps);
         for (int32_t h = 0; h < L->n_head_kv; h++) tr_rope_apply(k + h * hdk, cs, &rp);
 
-        /* the new K/V enter the row's session cache (F16, V transposed; or the policy's pools) */
-        struct tr_session *s = sc->row_sess[r];
-        const int32_t pos = sc->row_pos[r];
-        if (s->kv) {
-            tr_status st = tr_kv_append(s->kv, l, pos, k, sc->v + r * v_stride, err);
-            if (st) return st;
-            continue;
-        }
-        uint16_t *K = tr_sess_k(s, l) + (size_t)pos * nk;
-        for (int64_t i = 0; i < nk; i++) K[i] = tr_f32_to_f16(k[i]);
-        uint16_t *VT = tr_sess_vt(s, l);
-        const float *v = sc->v + r * v_stride;
-        for (int64_t i = 0; i < nv; i++) VT[(size_t)i * s->n_ctx + pos] = tr_f32_to_f16(v[i]);
+        /* the new K/V enter the row's session cache */
+        tr_status st = tr_kv_append(sc->row_sess[r]->kv, l, sc->row_pos[r], k,
+                                    sc->v + r * v_stride, err);
+        if (st) return st;
     }
 
-    if (sc->row_sess[0]->kv) {
-        tr_status st = sc->qs[0] && l + 1 < hp->n_layer ? spec_queries(m, sc, l, rows, err) : TR_OK;
-        if (!st) st = managed_attention(m, sc, l, rows, err);
-        if (st) return st;
-    } else {
-        full_attention(m, sc, l, rows);
-    }
+    tr_status st = attend_rows(m, sc, l, rows, err);
+    if (st) return st;
 
     /* pack the per-head outputs [rows][n_head * hdv] and project */
     const int64_t no = (int64_t)L->n_head * hdv, att_stride = (int64_t)hp->n_head_max * hdv;

@@ -14,7 +14,6 @@
 #include "core/error.h"
 #include "experts/cache.h"
 #include "model/session.h"
-#include "gguf/gguf_internal.h"
 #include "model/model.h"
 #include "tensor/types.h"
 
@@ -509,7 +508,7 @@ static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *er
     if (!p->no_mmap && !moe_cache) {
         tr_status s = tr_gguf_map(m->gguf, err);
         if (s) return s;
-        for (uint32_t i = 0; i < n; i++) m->shard_base[i] = m->gguf->shards[i].map;
+        for (uint32_t i = 0; i < n; i++) m->shard_base[i] = tr_gguf_shard_map(m->gguf, i);
         return TR_OK;
     }
     /* --no-mmap: every tensor is read into one buffer per shard at its file offset (so the

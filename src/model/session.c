@@ -12,102 +12,62 @@
 #include "model/session.h"
 
 tr_session_params tr_session_default_params(void) {
-    return (tr_session_params){
-        .n_ctx = 0, .n_batch = 0, .kv_sink = -1, .kv_window = -1, .kv_tail_min = -1.0f,
-        .kv_beta = -1.0f};
+    return (tr_session_params){.n_ctx = 0, .n_batch = 0, .kv = tr_kv_default_params()};
 }
 
-static uint64_t kv_bytes_of(const tr_model *m, int32_t n_ctx) {
+/* the KV cache's shape for this model; the full policy takes each layer's own head counts */
+static tr_kv_shape kv_shape(const tr_model *m, int32_t n_ctx, int32_t *n_head, int32_t *n_head_kv) {
     const tr_hparams *hp = &m->hp;
-    return (uint64_t)hp->n_layer * (uint64_t)n_ctx * hp->n_head_kv_max *
-           (uint64_t)(hp->head_dim_k + hp->head_dim_v) * 2;
-}
-
-/* a session's KV policy from its parameters: NULL kv for full (the forward pass's own arrays) */
-static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct tr_kv **out,
-                           int *policy, tr_error *err) {
-    *out = NULL;
-    tr_kv_policy pol = TR_KV_FULL;
-    if (p->kv_policy && tr_kv_policy_parse(p->kv_policy, &pol, err)) return TR_E_ARG;
-    *policy = (int)pol;
-    if (pol == TR_KV_FULL) return TR_OK;
-    const tr_hparams *hp = &m->hp;
-    const tr_kv_shape shape = {hp->n_layer, p->n_ctx, hp->n_head_max, hp->n_head_kv_max,
-                               hp->head_dim_k, hp->head_dim_v};
-    tr_kv_params kp = tr_kv_default_params();
-    kp.policy = pol;
-    if (p->kv_alpha > 0) kp.alpha = p->kv_alpha;
-    if (p->kv_sink >= 0) kp.n_sink = p->kv_sink;
-    if (p->kv_window >= 0) kp.n_window = p->kv_window;
-    if (p->kv_score_bits) kp.score_bits = p->kv_score_bits;
-    kp.tail_bits = p->kv_tail_bits;
-    if (p->kv_tail_min >= 0.0f) kp.tail_min = p->kv_tail_min;
-    kp.hot_bytes = p->kv_hot_bytes;
-    kp.cold_dir = p->kv_cold_dir;
-    kp.keep = p->kv_keep;
-    if (p->kv_bkp && tr_kv_bkp_parse(p->kv_bkp, &kp.bkp, err)) return TR_E_ARG;
-    kp.csd = p->csd;
-    kp.csd_socket = p->csd_socket;
-    kp.csd_chunk = p->csd_chunk;
-    kp.csd_gbps = p->csd_gbps;
-    kp.csd_gflops = p->csd_gflops;
-    kp.csd_link_gbps = p->csd_link_gbps;
-    kp.beta = p->kv_beta;
-    kp.host_keys = p->kv_host_keys;
-    kp.max_rows = p->n_batch; /* a batch's rows are appended before they attend */
-    kp.app_f_c = p->kv_app_f_c;
-    kp.app_f_s = p->kv_app_f_s;
-    kp.app_b_c = p->kv_app_b_c;
-    kp.app_b_s = p->kv_app_b_s;
-    kp.spec = p->kv_spec;
-    for (int32_t l = 0; l < hp->n_layer; l++)
-        if (m->layers[l].n_head != hp->n_head_max || m->layers[l].n_head_kv != hp->n_head_kv_max)
-            return tr_fail(err, TR_E_UNSUPPORTED,
-                           "--kv-policy %s needs the same head counts in every layer",
-                           tr_kv_policy_name(pol));
-    return tr_kv_create(&shape, &kp, out, err);
-}
-
-void tr_session_get_kv_stats(const tr_session *s, tr_session_kv_stats *out) {
-    memset(out, 0, sizeof *out);
-    out->policy = "full";
-    out->tokens = s->n_past;
-    if (!s->kv) {
-        out->hot_bytes = s->n_past > 0 ? kv_bytes_of(s->m, s->n_past) : 0;
-        return;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        n_head[l] = m->layers[l].n_head;
+        n_head_kv[l] = m->layers[l].n_head_kv;
     }
-    tr_kv_stats st;
-    tr_kv_get_stats(s->kv, &st);
-    out->managed = true;
-    out->policy = tr_kv_policy_name((tr_kv_policy)s->kv_policy);
-    out->tokens = st.tokens;
-    out->hot_bytes = st.hot_bytes;
-    out->cold_bytes = st.cold_bytes;
-    out->selected = st.selected;
-    out->bytes_read = st.bytes_read;
-    out->score_ms = (double)st.score_ns / 1e6;
-    out->attn_ms = (double)st.attn_ns / 1e6;
-    out->promotions = st.promotions;
-    out->demotions = st.demotions;
-    out->pingpong = st.pingpong;
-    out->migrated_bytes = st.migrated_bytes;
-    out->sel_hot = st.sel_hot;
-    out->sel_cold = st.sel_cold;
-    out->sel_repeat = st.sel_follow ? (double)st.sel_repeat / (double)st.sel_follow : 0.0;
-    out->csd_score_bytes = st.csd_score_bytes;
-    out->csd_row_bytes = st.csd_row_bytes;
-    out->csd_storage_bytes = st.csd_storage_bytes;
-    out->beta = st.beta;
-    out->beta_split = st.beta_split;
-    out->f_c = st.f_c;
-    out->f_s = st.f_s;
-    out->b_c = st.b_c;
-    out->b_s = st.b_s;
-    out->tail_share = st.tail_rows ? st.tail_share_sum / (double)st.tail_rows : 0.0;
-    out->spec_rows = st.spec_rows;
-    out->spec_early = st.spec_early;
-    out->spec_cos = st.spec_rows ? st.spec_cos_sum / (double)st.spec_rows : 0.0;
-    out->tail_kept = st.tail_cand ? (double)st.tail_kept / (double)st.tail_cand : 0.0;
+    return (tr_kv_shape){.n_layer = hp->n_layer,
+                         .n_ctx = n_ctx,
+                         .n_head = hp->n_head_max,
+                         .n_head_kv = hp->n_head_kv_max,
+                         .head_dim_k = hp->head_dim_k,
+                         .head_dim_v = hp->head_dim_v,
+                         .layer_n_head = n_head,
+                         .layer_n_head_kv = n_head_kv};
+}
+
+/* the session's KV parameters: the caller's, sized to this session's batch and threads */
+static tr_kv_params kv_params(const tr_model *m, const tr_session_params *p) {
+    tr_kv_params kp = p->kv;
+    kp.max_rows = p->n_batch; /* a batch's rows are appended before they attend */
+    kp.n_threads = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
+    return kp;
+}
+
+/* the full policy's arrays, allocated whole at create (the other policies' DRAM grows within
+ * their plan and is counted as it is used) */
+static uint64_t full_bytes(const tr_model *m, const tr_session_params *p) {
+    if (p->kv.policy != TR_KV_FULL) return 0;
+    const int32_t nl = m->hp.n_layer;
+    int32_t *heads = malloc(sizeof(int32_t) * 2 * (size_t)nl);
+    if (!heads) return 0;
+    const tr_kv_shape shape = kv_shape(m, p->n_ctx, heads, heads + nl);
+    const tr_kv_params kp = kv_params(m, p);
+    const uint64_t b = tr_kv_dram_bytes(&shape, &kp);
+    free(heads);
+    return b;
+}
+
+static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct tr_kv **out,
+                           tr_error *err) {
+    const int32_t nl = m->hp.n_layer;
+    int32_t *heads = malloc(sizeof(int32_t) * 2 * (size_t)nl);
+    if (!heads) return tr_fail(err, TR_E_NOMEM, "out of memory");
+    const tr_kv_shape shape = kv_shape(m, p->n_ctx, heads, heads + nl);
+    const tr_kv_params kp = kv_params(m, p);
+    const tr_status st = tr_kv_create(&shape, &kp, out, err);
+    free(heads);
+    return st;
+}
+
+void tr_session_get_kv_stats(const tr_session *s, tr_kv_stats *out) {
+    tr_kv_get_stats(s->kv, out);
 }
 
 /* bytes of quantized activations tr_matmul needs for `rows` rows against any weight matrix */
@@ -149,8 +109,8 @@ static size_t mm_scratch_bytes(const tr_model *m, int32_t rows) {
 /* Lays the scratch of a forward pass of n_batch rows out in one block; with base NULL it only
  * sizes it. Returns the bytes. One function for both, so the estimate cannot drift from what is
  * allocated. */
-static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, int nth, bool spec,
-                           char *base, tr_scratch *sc) {
+static size_t scratch_plan(const tr_model *m, int32_t n_batch, bool spec, char *base,
+                           tr_scratch *sc) {
     const tr_hparams *hp = &m->hp;
     const size_t R = (size_t)n_batch, E = (size_t)hp->n_embd;
     const size_t nq = (size_t)hp->n_head_max * hp->head_dim_k;
@@ -176,9 +136,6 @@ static size_t scratch_plan(const tr_model *m, int32_t n_ctx, int32_t n_batch, in
     TAKE(g, R * (size_t)hp->n_ff_max * 4);
     TAKE(u, R * (size_t)hp->n_ff_max * 4);
     TAKE(mm, mm_scratch_bytes(m, n_batch));
-    const size_t attn_floats = (tr_attn_scratch_floats(n_ctx, hp->head_dim_k, hp->head_dim_v) + 15) & ~(size_t)15;
-    if (base) sc->attn_floats = attn_floats;
-    TAKE(attn_scratch, (size_t)nth * attn_floats * 4);
     TAKE(row_sess, R * sizeof(tr_session *));
     TAKE(row_pos, R * 4);
     TAKE(rope_cs, R * (size_t)hp->n_rot * 4);
@@ -212,8 +169,7 @@ uint64_t tr_session_estimate_default(const tr_model *m) {
     tr_session_params p = tr_session_default_params();
     resolve_params(m, &p);
     tr_scratch dummy;
-    const int nth = m->pool ? tr_pool_size(m->pool) : tr_cpu_physical_cores();
-    return kv_bytes_of(m, p.n_ctx) + scratch_plan(m, p.n_ctx, p.n_batch, nth, false, NULL, &dummy);
+    return full_bytes(m, &p) + scratch_plan(m, p.n_batch, false, NULL, &dummy);
 }
 
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
@@ -223,41 +179,31 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
     resolve_params(m, &p);
     if (p.n_ctx > (1 << 24))
         return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
-    const tr_hparams *hp = &m->hp;
     tr_session *s = calloc(1, sizeof *s);
     if (!s) return tr_fail(err, TR_E_NOMEM, "out of memory");
     s->m = m;
     s->n_ctx = p.n_ctx;
     s->n_batch = p.n_batch;
-    s->layer_k_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_k;
-    s->layer_v_elems = (size_t)p.n_ctx * hp->n_head_kv_max * hp->head_dim_v;
-    tr_status kst = create_kv(m, &p, &s->kv, &s->kv_policy, err);
+    tr_status kst = create_kv(m, &p, &s->kv, err);
     if (kst) {
         tr_session_free(s);
         return kst;
     }
-    /* a managed KV cache keeps K/V itself: the session's arrays are not needed */
-    const uint64_t kv_bytes = s->kv ? 0 : kv_bytes_of(m, p.n_ctx);
-    const int nth = tr_pool_size(m->pool);
     tr_scratch *sc = &s->sc;
-    s->kv_spec = s->kv && p.kv_spec;
-    const size_t scratch = scratch_plan(m, p.n_ctx, p.n_batch, nth, s->kv_spec, NULL, sc);
-    s->bytes = kv_bytes + scratch;
-    if (kv_bytes) s->kvmem = aligned_alloc(64, (kv_bytes + 63) & ~(uint64_t)63);
+    const bool spec = p.kv.policy == TR_KV_TIERED && p.kv.spec;
+    const size_t scratch = scratch_plan(m, p.n_batch, spec, NULL, sc);
     s->scratch_mem = aligned_alloc(64, (scratch + 63) & ~(size_t)63);
-    if ((kv_bytes && !s->kvmem) || !s->scratch_mem) {
-        char need[64];
-        snprintf(need, sizeof need, "%.1f MiB", (double)s->bytes / (1024.0 * 1024.0));
+    if (!s->scratch_mem) {
         tr_session_free(s);
         return tr_fail(err, TR_E_NOMEM,
-                       "cannot allocate the session: it needs %s (KV cache %" PRIu64 " MiB for %d "
-                       "tokens + %zu MiB scratch for batches of %d); lower -c or -b",
-                       need, kv_bytes >> 20, p.n_ctx, scratch >> 20, p.n_batch);
+                       "cannot allocate the session's scratch: %zu MiB for batches of %d; lower -b",
+                       scratch >> 20, p.n_batch);
     }
-    scratch_plan(m, p.n_ctx, p.n_batch, nth, s->kv_spec, s->scratch_mem, sc);
+    s->bytes = scratch + full_bytes(m, &p);
+    scratch_plan(m, p.n_batch, spec, s->scratch_mem, sc);
     sc->rows = p.n_batch;
     sc->n_ctx_cap = p.n_ctx;
-    sc->nth = nth;
+    sc->qs_layer = -1;
     *out = s;
     return TR_OK;
 }
@@ -265,16 +211,14 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
 void tr_session_free(tr_session *s) {
     if (!s) return;
     tr_kv_free(s->kv);
-    free(s->kvmem);
     free(s->scratch_mem);
     free(s);
 }
 
 uint64_t tr_session_bytes(const tr_session *s) {
-    if (!s->kv) return s->bytes;
     tr_kv_stats st;
     tr_kv_get_stats(s->kv, &st);
-    return s->bytes + st.hot_bytes;
+    return st.policy == TR_KV_FULL ? s->bytes : s->bytes + st.hot_bytes;
 }
 int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
 int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
@@ -288,11 +232,9 @@ tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err) {
     if (n < 0 || n > s->n_past)
         return tr_fail(err, TR_E_ARG, "cannot truncate to %d tokens (session holds %d)", n,
                        s->n_past);
-    if (s->kv) {
-        tr_status st = tr_kv_truncate(s->kv, n, err);
-        if (st) return st;
-    }
-    s->n_past = n; /* later positions are overwritten before they are read again */
+    tr_status st = tr_kv_truncate(s->kv, n, err);
+    if (st) return st;
+    s->n_past = n;
     return TR_OK;
 }
 
@@ -360,9 +302,6 @@ tr_status tr_decode_batch(tr_session **sessions, const int32_t *tokens, int32_t 
             return tr_fail(err, TR_E_ARG, "sequence %d is longer (%d tokens) than the first "
                            "session's context (%d): put the session with the largest context first",
                            b, sessions[b]->n_past + 1, s0->sc.n_ctx_cap);
-        if ((sessions[b]->kv != NULL) != (s0->kv != NULL))
-            return tr_fail(err, TR_E_ARG, "sequence %d uses another kind of KV cache than the "
-                           "first (mix --kv-policy full and the others in separate batches)", b);
         for (int32_t c = 0; c < b; c++)
             if (sessions[c] == sessions[b])
                 return tr_fail(err, TR_E_ARG, "sequence %d appears twice in the batch", b);

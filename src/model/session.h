@@ -1,10 +1,7 @@
 /*
- * A session: one timeline of tokens, its KV cache and the scratch of a forward pass.
- *
- * KV layout follows llama.cpp's non-flash-attention CPU path, which is what the parity tests
- * compare against: K as F16 rows per position [n_ctx][n_head_kv * head_dim_k]; V transposed,
- * F16 rows per channel [n_head_kv * head_dim_v][n_ctx], so the attention-weighted sum of V is a
- * dot product along positions (the same F16 x F16 dot llama.cpp's mul_mat uses).
+ * A session: one timeline of tokens, its KV cache (src/kv, whatever the policy: the forward pass
+ * hands each layer's K/V and queries to it and asks for the attention) and the scratch of a
+ * forward pass.
  */
 #ifndef TR_MODEL_SESSION_H
 #define TR_MODEL_SESSION_H
@@ -14,7 +11,7 @@
 
 typedef struct tr_scratch {
     int32_t rows;    /* capacity in rows (tokens computed together) */
-    int32_t n_ctx_cap; /* positions the attention buffers hold */
+    int32_t n_ctx_cap; /* the context of the session that owns the scratch */
     float *x;        /* [rows][n_embd] residual stream */
     float *xn;       /* [rows][n_embd] normed input of a block */
     float *q;        /* [rows][n_head * hd_k] */
@@ -24,15 +21,13 @@ typedef struct tr_scratch {
     float *o;        /* [rows][n_embd] */
     float *g, *u;    /* [rows][n_ff] */
     void *mm;        /* activation quantization scratch of tr_matmul */
-    int nth;         /* attention buffers per thread */
-    float *attn_scratch; /* [nth][attn_floats]: the attention kernel's (tr_attn_scratch_floats) */
-    size_t attn_floats;
     /* per row bookkeeping */
     struct tr_session **row_sess;
     int32_t *row_pos;
     float *rope_cs;  /* [rows][n_rot] cos/sin of the current layer's parameters */
     float *qs[2];    /* --kv-spec: [rows][n_head * hd_k] speculative queries of layers of each
                         parity (NULL without) */
+    int32_t qs_layer; /* the layer whose speculative queries qs holds for this pass (-1: none) */
     /* mixture of experts (NULL for dense models) */
     float *moe_logits;   /* [rows][n_expert] router logits, then probabilities */
     int32_t *moe_sel;    /* [rows][k] selected experts */
@@ -50,25 +45,14 @@ struct tr_kv;
 
 struct tr_session {
     tr_model *m;
-    struct tr_kv *kv; /* NULL: the full policy, KV in the arrays below */
+    struct tr_kv *kv;
     int32_t n_ctx, n_batch, n_past;
-    uint16_t *kvmem;    /* full policy: one allocation, per layer K then V^T */
-    int kv_policy;      /* tr_kv_policy of kv (0 = full) */
-    bool kv_spec;       /* --kv-spec: the forward pass gives kv speculative queries */
-    size_t layer_k_elems, layer_v_elems;
     tr_scratch sc;
     tr_abort_fn abort_fn; /* asked before every chunk and batch step; NULL: never */
     void *abort_user;
     void *scratch_mem;
-    uint64_t bytes;
+    uint64_t bytes; /* scratch, and the full policy's arrays */
 };
-
-static inline uint16_t *tr_sess_k(const struct tr_session *s, int32_t l) {
-    return s->kvmem + (size_t)l * (s->layer_k_elems + s->layer_v_elems);
-}
-static inline uint16_t *tr_sess_vt(const struct tr_session *s, int32_t l) {
-    return tr_sess_k(s, l) + s->layer_k_elems;
-}
 
 /* KV + scratch bytes of a session with default parameters (for budgets computed at load) */
 uint64_t tr_session_estimate_default(const tr_model *m);

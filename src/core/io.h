@@ -1,14 +1,16 @@
 /*
- * The expert cache's I/O worker pool: persistent threads (created once, joined at free) that run
- * read jobs (fd, offset, len, dst) with pread and report each finished job through a callback.
- * No allocation per job: the caller owns every tr_io_job (the expert cache keeps a fixed array of
- * them per arena slot) and must not touch one between submit and its completion callback.
+ * The I/O worker pool, apart from the compute pool: persistent threads (created once, joined at
+ * free) that run read jobs (fd, offset, len, dst) with pread and report each finished job through
+ * a callback. The expert cache, the KV cache's cold pool and the storage agent each run one. No
+ * allocation per job: the caller owns every tr_io_job (the expert cache keeps a fixed array of
+ * them per arena slot, the KV cache one per gather) and must not touch one between submit and its
+ * completion callback.
  *
  * Fault injection (tests): the N-th read (counted from 1 over the pool's lifetime) fails with EIO
  * or comes back short, as a failing disk or a file truncated under us would.
  */
-#ifndef TR_EXPERTS_IO_H
-#define TR_EXPERTS_IO_H
+#ifndef TR_CORE_IO_H
+#define TR_CORE_IO_H
 
 #include <stdbool.h>
 #include <stdint.h>

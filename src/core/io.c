@@ -1,4 +1,4 @@
-#include "experts/io.h"
+#include "core/io.h"
 
 #include <errno.h>
 #include <pthread.h>
