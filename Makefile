@@ -3,7 +3,8 @@
 #   make test       install what is missing, build, run every test (the CI command)
 #   make demo       install what is missing, build, run the main job on the default model
 #   make bench-kernels   matvec bandwidth table (not part of make test)
-#   make fuzz       run the GGUF reader fuzzer for FUZZ_SECONDS (default 300)
+#   make bench-expert    a GimmeMoE-shaped expert FFN with every kernel family
+#   make fuzz       run each fuzzer (FUZZ=gguf|tokenizer|model, default all) for FUZZ_SECONDS (300)
 #   make fuzz-jinja run the chat-template engine's fuzzer for FUZZ_SECONDS
 
 CC      ?= cc
@@ -28,10 +29,14 @@ CLI_LIBS :=
 
 LIB_SRC := $(wildcard src/core/*.c src/gguf/*.c src/tensor/*.c src/text/*.c src/model/*.c src/experts/*.c src/kv/*.c)
 X86_SRC := src/tensor/x86/kernels_avx2.c src/tensor/x86/kernels_avx512.c src/tensor/x86/hash_avx2.c
+ARM_SRC := src/tensor/arm/kernels_neon.c src/tensor/arm/kernels_dotprod.c src/tensor/arm/kernels_i8mm.c
 CLI_SRC := $(wildcard tools/*.c)
 
 ifeq ($(ARCH),x86_64)
 LIB_SRC += $(X86_SRC)
+endif
+ifeq ($(ARCH),aarch64)
+LIB_SRC += $(ARM_SRC)
 endif
 
 # per-file ISA flags: only these files may contain instructions beyond the baseline
@@ -39,6 +44,9 @@ FLAGS_src/tensor/x86/kernels_avx2.c   := -mavx2 -mfma -mf16c
 FLAGS_src/tensor/x86/hash_avx2.c      := -mavx2
 FLAGS_src/tensor/x86/kernels_avx512.c := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl \
                                          -mavx512dq -mavx512vnni
+# (the neon family is the AArch64 baseline)
+FLAGS_src/tensor/arm/kernels_dotprod.c := -march=armv8.2-a+dotprod
+FLAGS_src/tensor/arm/kernels_i8mm.c    := -march=armv8.2-a+dotprod+i8mm
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -53,7 +61,7 @@ MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include
 SONAME  := libterrace.so.$(MAJOR)
 
 .PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-kv \
-        bench-kv-quality bench-replay bench-kernels cross-aarch64 fuzz fuzz-build fuzz-jinja format
+        bench-kv-quality bench-replay bench-kernels cross-aarch64 aarch64 bench-expert bench-aarch64-emulated fuzz fuzz-build fuzz-jinja format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
@@ -148,7 +156,7 @@ test: deps
 	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
 	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache \
 	    $(addprefix build/tsan/tests/,$(KV_TESTS)) build/tsan/terrace-storaged
-	@$(MAKE) --no-print-directory cross-aarch64
+	@$(MAKE) --no-print-directory aarch64
 	@bash tests/run.sh
 
 demo: deps all
@@ -188,11 +196,22 @@ bench-kv-quality: deps all
 bench-replay: all
 	./build/terrace replay ../shared/testdata/routes/qwen3-30b-a3b.route.csv
 
-# every source file must compile for aarch64 with the generic kernels (no x86 intrinsics leak)
+# the library, CLI, storage agent and every C test cross-built for aarch64 with the Arm kernels;
+# tests/run.sh runs them under qemu-user (tests/run_aarch64.sh)
+AARCH64_CC ?= aarch64-linux-gnu-gcc
+aarch64:
+	@if command -v $(AARCH64_CC) >/dev/null; then \
+	    $(MAKE) --no-print-directory CC=$(AARCH64_CC) BUILD=build/aarch64 WERROR=1 \
+	        build/aarch64/terrace build/aarch64/terrace-storaged $(TEST_BIN:build/%=build/aarch64/%); \
+	else echo "aarch64: SKIPPED ($(AARCH64_CC) not installed)"; fi
+
+# every source file must compile for aarch64 (no x86 intrinsics leak into the generic code)
 cross-aarch64:
 	@if command -v aarch64-linux-gnu-gcc >/dev/null; then \
 	    for f in $(wildcard src/*/*.c src/*/*/*.c tools/*.c); do \
-	        aarch64-linux-gnu-gcc $(CFLAGS_BASE) -O2 -Werror -c $$f -o /dev/null || exit 1; \
+	        case $$f in src/tensor/arm/kernels_dotprod.c) fl="$(FLAGS_src/tensor/arm/kernels_dotprod.c)";; \
+	            src/tensor/arm/kernels_i8mm.c) fl="$(FLAGS_src/tensor/arm/kernels_i8mm.c)";; *) fl="";; esac; \
+	        aarch64-linux-gnu-gcc $(CFLAGS_BASE) $$fl -O2 -Werror -c $$f -o /dev/null || exit 1; \
 	    done; echo "cross-aarch64: every source file compiles for aarch64"; \
 	else echo "cross-aarch64: SKIPPED (aarch64-linux-gnu-gcc not installed)"; fi
 
@@ -202,6 +221,20 @@ bench-kernels: deps all $(BUILD)/bench/bench_kernels
 # prefill products per type, gemm against the per-row kernels, one thread (BENCH_ARGS: --isa ...)
 bench-gemm: deps all $(BUILD)/bench/bench_gemm
 	@$(BUILD)/bench/bench_gemm $(BENCH_ARGS)
+
+# a GimmeMoE-shaped expert FFN (2048 -> 768 -> 2048, INT8 = Q8_0 and Q4_K) with every kernel
+# family this CPU runs, one thread (results: bench/results/arm.md)
+bench-expert: deps all $(BUILD)/bench/bench_expert
+	@$(BUILD)/bench/bench_expert $(BENCH_ARGS)
+
+# both benchmarks cross-built for aarch64 and run under qemu-user at -cpu max, small: they show
+# that the Arm builds run; their timings under emulation mean nothing (bench/results/arm.md)
+bench-aarch64-emulated: deps
+	@$(MAKE) --no-print-directory CC=$(AARCH64_CC) BUILD=build/aarch64 \
+	    build/aarch64/bench/bench_kernels build/aarch64/bench/bench_expert
+	QEMU_CPU=max qemu-aarch64-static build/aarch64/bench/bench_kernels --gib 0.05 --reps 1 \
+	    --threads 1 --types Q8_0,Q4_K,Q6_K
+	QEMU_CPU=max qemu-aarch64-static build/aarch64/bench/bench_expert --reps 20
 
 # benchmarks see the public header and the test seam only (include/terrace_seam.h); private: the
 # library objects it depends on keep their own include path
@@ -216,12 +249,20 @@ FUZZ_CFLAGS := $(CFLAGS_BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sa
                -fno-omit-frame-pointer
 
 # the reader and what it links against; no SIMD files (nothing of theirs is reachable from it)
-FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/tensor/types.c src/tensor/dequant.c \
+FUZZ_SRC := src/gguf/gguf.c src/core/error.c src/core/mapguard.c src/tensor/types.c src/tensor/dequant.c \
             src/tensor/quantize.c src/tensor/vecdot_ref.c
 
 build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LDLIBS)
+
+# the tokenizer and model-loader targets link the whole library, built by clang with the
+# sanitizers and libFuzzer's coverage (SIMD files included: the model target runs the kernels)
+FUZZ_LIB := build/fuzzlib/libterrace.a
+.PHONY: fuzz-lib
+fuzz-lib:
+	@$(MAKE) --no-print-directory CC=clang BUILD=build/fuzzlib \
+	    OPT="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" $(FUZZ_LIB)
 
 # the template engine and the reasoning splitter, nothing else
 FUZZ_JINJA_SRC := $(wildcard src/text/jinja_*.c) src/text/reasoning.c src/core/error.c
@@ -230,11 +271,27 @@ build/fuzz/fuzz_jinja: fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) $(wildcard src/*/*.h 
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ fuzz/fuzz_jinja.c $(FUZZ_JINJA_SRC) -lm
 
-fuzz-build: build/fuzz/fuzz_gguf build/fuzz/fuzz_jinja
+build/fuzz/fuzz_tokenizer build/fuzz/fuzz_model: build/fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/gguf_writer.h fuzz-lib
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Ifuzz -o $@ $< $(FUZZ_LIB) $(LDLIBS)
 
-fuzz: deps build/fuzz/fuzz_gguf
-	@mkdir -p fuzz/corpus
-	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 fuzz/corpus
+FUZZ_TARGETS := gguf tokenizer model
+FUZZ ?= $(FUZZ_TARGETS)
+fuzz-build: $(FUZZ_TARGETS:%=build/fuzz/fuzz_%) build/fuzz/fuzz_jinja
+
+# new inputs go to build/fuzz/corpus-*, beside the committed corpus each target replays in make test
+# (fuzz/corpus for gguf, which predates the naming, fuzz/corpus-T for the others); merge the interesting ones into the committed corpus with
+# `build/fuzz/fuzz_T -merge=1 CORPUS build/fuzz/corpus-T`. The tokenizer target also reads the
+# shared test vocabularies when they are there.
+fuzz: deps $(FUZZ:%=build/fuzz/fuzz_%)
+	@for t in $(FUZZ); do \
+	    c=$$(case $$t in gguf) echo fuzz/corpus;; *) echo fuzz/corpus-$$t;; esac); \
+	    mkdir -p build/fuzz/corpus-$$t $$c; \
+	    echo "=== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	    TERRACE_FUZZ_VOCAB=$${TERRACE_FUZZ_VOCAB:-../shared/testdata/vocab} \
+	    build/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
+	        -print_final_stats=1 build/fuzz/corpus-$$t $$c || exit 1; \
+	done
 
 # new inputs go to fuzz/corpus-jinja; the shared chat templates seed it (read only)
 fuzz-jinja: deps build/fuzz/fuzz_jinja

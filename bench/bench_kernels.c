@@ -5,7 +5,7 @@
  * split across the pool the same way). A memory-bound kernel reaches a high fraction of it.
  *
  * usage: bench_kernels [--types Q4_K,Q8_0,...] [--gib 1.5] [--reps 5] [--threads 1,2]
- *                      [--k 4096] [--isa avx2|avx512|scalar]
+ *                      [--k 4096] [--isa avx512|avx2|i8mm|dotprod|neon|scalar]
  *
  * Per type the matrix (gib GiB, K columns) is created once with random valid blocks, measured,
  * and freed before the next one, so at most one matrix is resident. Each thread count gets one
@@ -22,6 +22,9 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 #include "terrace_seam.h"
@@ -77,6 +80,19 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const char *p, size_t n
 }
 #endif
 
+#if defined(__aarch64__)
+static uint64_t sum_neon(const char *p, size_t n) {
+    uint64x2_t s0 = vdupq_n_u64(0), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        s0 = vaddq_u64(s0, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i)));
+        s1 = vaddq_u64(s1, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i + 16)));
+        s2 = vaddq_u64(s2, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i + 32)));
+        s3 = vaddq_u64(s3, vreinterpretq_u64_u8(vld1q_u8((const uint8_t *)p + i + 48)));
+    }
+    return vaddvq_u64(vaddq_u64(vaddq_u64(s0, s1), vaddq_u64(s2, s3)));
+}
+#endif
+
 static uint64_t sum_plain(const char *p, size_t n) {
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t i = 0; i + 32 <= n; i += 32) {
@@ -94,6 +110,9 @@ static sum_fn pick_sum(const char **name) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return *name = "avx512", sum_avx512;
     if (__builtin_cpu_supports("avx2")) return *name = "avx2", sum_avx2;
+#endif
+#if defined(__aarch64__)
+    return *name = "neon", sum_neon;
 #endif
     *name = "scalar";
     return sum_plain;
@@ -200,7 +219,7 @@ static void fill_random(tr_type t, char *buf, size_t bytes, uint64_t seed) {
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_kernels [--types T1,T2,..] [--gib G] [--reps R] "
-                    "[--threads 1,2] [--k K] [--isa avx512|avx2|scalar]\n");
+                    "[--threads 1,2] [--k K] [--isa avx512|avx2|i8mm|dotprod|neon|scalar]\n");
 }
 
 static bool parse_type(const char *name, tr_type *out) {
@@ -212,12 +231,25 @@ static bool parse_type(const char *name, tr_type *out) {
     return false;
 }
 
-static void cpu_model(char *out, size_t cap) {
+/* The CPU's name (x86 "model name", Arm "CPU implementer"/"CPU part"), and whether this is an
+ * aarch64 build under user-mode emulation: qemu-user passes the host's /proc/cpuinfo through, so
+ * an aarch64 process that reads an x86 vendor_id runs emulated and its timings mean nothing. */
+static bool cpu_model(char *out, size_t cap) {
     snprintf(out, cap, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
+    if (!f) return false;
     char line[512];
+    bool emulated = false;
     while (fgets(line, sizeof line, f)) {
+#if defined(__aarch64__)
+        if (strncmp(line, "vendor_id", 9) == 0) emulated = true;
+        if (strncmp(line, "CPU part", 8) == 0 && !emulated) {
+            const char *p = strchr(line, ':');
+            snprintf(out, cap, "aarch64, CPU part %s", p ? p + 2 : "?");
+            out[strcspn(out, "\n")] = 0;
+            break;
+        }
+#endif
         if (strncmp(line, "model name", 10) == 0) {
             const char *p = strchr(line, ':');
             if (p) {
@@ -230,6 +262,7 @@ static void cpu_model(char *out, size_t cap) {
         }
     }
     fclose(f);
+    return emulated;
 }
 
 int main(int argc, char **argv) {
@@ -305,15 +338,19 @@ int main(int argc, char **argv) {
     const sum_fn sum = pick_sum(&read_isa);
 
     char cpu[256], date[64];
-    cpu_model(cpu, sizeof cpu);
+    const bool emulated = cpu_model(cpu, sizeof cpu);
     const time_t tnow = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&tnow));
     printf("# bench_kernels %s\n\n", date);
+    if (emulated)
+        printf("**EMULATED**: an aarch64 build on an x86 host (%s) under qemu-user: the figures "
+               "below show that the benchmark runs, not how fast anything is.\n\n", cpu);
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    printf("CPU: %s, %ld MiB L3; kernel family: %s; read loop: %s; matrix %.2f GiB per type, "
+    char l3s[32] = "L3 size unknown"; /* glibc reports none on most Arm systems */
+    if (l3 > 0) snprintf(l3s, sizeof l3s, "%ld MiB L3", l3 >> 20);
+    printf("CPU: %s, %s; kernel family: %s; read loop: %s; matrix %.2f GiB per type, "
            "K = %lld, median of %d after a warm-up\n\n",
-           cpu, l3 > 0 ? l3 >> 20 : -1L, tr_seam_kernels_isa(kern), read_isa, gib, (long long)K,
-           reps);
+           cpu, l3s, tr_seam_kernels_isa(kern), read_isa, gib, (long long)K, reps);
     if (l3 > 0 && gib * 1073741824.0 < 3.0 * (double)l3)
         printf(
             "(note: the matrix is less than 3x the L3 size; the figures include cache hits)\n\n");

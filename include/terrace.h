@@ -199,6 +199,11 @@ TR_API const tr_tensor_info *tr_gguf_tensor(const tr_gguf *g, int64_t i);
 /* Map every shard read-only (idempotent). After this, tr_gguf_tensor_data returns pointers. */
 TR_API tr_status tr_gguf_map(tr_gguf *g, tr_error *err);
 TR_API const void *tr_gguf_tensor_data(const tr_gguf *g, int64_t i); /* NULL unless mapped */
+/* After tr_gguf_map: TR_E_IO naming the file if a read of the mapping went past the end of a file
+ * that shrank since it was opened (truncated or rewritten while in use). Such a read does not
+ * kill the process (SIGBUS); it returns zeros, so whatever was computed from the mapping since
+ * the last check must be discarded when this fails. */
+TR_API tr_status tr_gguf_mapping_check(const tr_gguf *g, tr_error *err);
 /* Read `len` bytes starting `off` bytes into tensor i into dst with pread; a short read (file
  * truncated under us) or an I/O error is reported, never silently returned. */
 TR_API tr_status tr_gguf_read(const tr_gguf *g, int64_t i, uint64_t off, void *dst, uint64_t len,
@@ -374,6 +379,11 @@ typedef struct tr_kv_params {
                              online CPUs (a session passes its model's pool size) */
     int32_t io_threads;   /* parallel cold-pool reads; 0: 64 */
     int32_t max_rows;     /* rows appended before they attend (a session passes its batch); 512 */
+    /* the selecting policies (quest, tiered below alpha 1) select for every row of a call of
+     * several rows too, each a decode step at its position (teacher-forced logits and perplexity
+     * measure what decoding sees); false: such a call (a prefill chunk) attends exactly, every
+     * visible key, reading each cold page at most once per layer. h2o always selects */
+    bool prefill_select;
     tr_kv_research research;
 } tr_kv_params;
 
@@ -419,6 +429,10 @@ typedef struct tr_kv_stats {
      * previous layer, the summed cosine between speculative and real queries */
     uint64_t spec_rows, spec_early;
     double spec_cos_sum;
+    /* calls of several rows that attended exactly (prefill chunks), counted at layer 0; bytes
+     * they read from storage; the sum over them of the cold pool's bytes at the call (each call
+     * reads each cold page at most once, so prefill_bytes_read <= prefill_read_bound) */
+    uint64_t prefill_chunks, prefill_bytes_read, prefill_read_bound;
 } tr_kv_stats;
 
 typedef enum tr_kv_stats_style {
@@ -448,6 +462,8 @@ TR_API void tr_session_free(tr_session *s);
 TR_API uint64_t tr_session_bytes(const tr_session *s);
 TR_API int32_t tr_session_n_ctx(const tr_session *s);
 TR_API int32_t tr_session_n_past(const tr_session *s);
+/* rows computed together (the batch): a prefill's chunk */
+TR_API int32_t tr_session_n_batch(const tr_session *s);
 /* drop every token from position `n` on (0 clears the session) */
 TR_API tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err);
 
@@ -507,9 +523,14 @@ typedef struct tr_tokenizer tr_tokenizer;
 TR_API const tr_tokenizer *tr_model_tokenizer(const tr_model *m);
 /* A tokenizer from any GGUF file with tokenizer.ggml.* metadata (vocabulary-only files included);
  * it copies what it needs: the tr_gguf may be closed afterwards. TR_E_FORMAT for corrupt
- * metadata, TR_E_UNSUPPORTED for an unknown model or pre-tokenizer. */
+ * metadata (token types outside the enum, a byte-level BPE vocabulary without any of its 256
+ * byte tokens, ...), TR_E_UNSUPPORTED for an unknown model or pre-tokenizer. */
 TR_API tr_status tr_tokenizer_load(const tr_gguf *g, tr_tokenizer **out, tr_error *err);
 TR_API void tr_tokenizer_free(tr_tokenizer *t);
+/* What loading accepted as llama.cpp does but that changes what the file asked for, naming the
+ * key, or NULL: special ids outside the vocabulary (ignored, the default kept), merges without a
+ * separating space (ignored). Meant to be shown once, when the model is loaded. */
+TR_API const char *tr_tokenizer_warning(const tr_tokenizer *t);
 
 /*
  * Tokenize `len` bytes of `text` (need not be NUL-terminated or valid UTF-8), as llama_tokenize:
@@ -523,6 +544,14 @@ TR_API void tr_tokenizer_free(tr_tokenizer *t);
 TR_API tr_status tr_tokenize(const tr_tokenizer *t, const char *text, size_t len,
                              bool add_special, bool parse_special, int32_t *out, size_t cap,
                              size_t *n_out, tr_error *err);
+/* tr_tokenize that also counts the characters of the text the vocabulary cannot represent (no
+ * token and no byte token covers them, and SPM has no <unk>): left out, as llama.cpp does, and
+ * reported here so that the caller can say so. *first_dropped: the first one's byte, -1 if none.
+ * Either pointer may be NULL. */
+TR_API tr_status tr_tokenize_ex(const tr_tokenizer *t, const char *text, size_t len,
+                                bool add_special, bool parse_special, int32_t *out, size_t cap,
+                                size_t *n_out, size_t *n_dropped, int *first_dropped,
+                                tr_error *err);
 
 /*
  * The text of one token, as llama_token_to_piece(lstrip = 0): control and unknown tokens render

@@ -18,6 +18,14 @@ ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 
 command -v aarch64-linux-gnu-gcc >/dev/null || need_pkgs+=(gcc-aarch64-linux-gnu)
 # the cross compiler's C library headers are only a recommendation of its package
 [ -e /usr/aarch64-linux-gnu/include/stdio.h ] || need_pkgs+=(libc6-dev-arm64-cross)
+# the aarch64 build runs its tests under user-mode emulation, linked against the target's
+# libraries from Debian's arm64 packages (multiarch: /usr/lib/aarch64-linux-gnu, which also
+# brings the target's dynamic loader, so the emulator needs no -L)
+command -v qemu-aarch64-static >/dev/null || need_pkgs+=(qemu-user-static)
+need_arm64=()
+[ -e /usr/lib/aarch64-linux-gnu/libpcre2-8.so ] || need_arm64+=(libpcre2-dev:arm64)
+[ -e /usr/lib/aarch64-linux-gnu/libxxhash.so ] || need_arm64+=(libxxhash-dev:arm64)
+[ -e /usr/lib/aarch64-linux-gnu/libcjson.so ] || need_arm64+=(libcjson-dev:arm64)
 python3 -c 'import venv' 2>/dev/null || need_pkgs+=(python3-venv)
 # the install test: pkg-config flags, the man page's lint, the shared library's symbols
 command -v pkg-config >/dev/null || need_pkgs+=(pkgconf)
@@ -26,10 +34,14 @@ command -v nm >/dev/null         || need_pkgs+=(binutils)
 # the King James text of the real-model perplexity checks (tests/py/parity_real.py)
 command -v bible >/dev/null || need_pkgs+=(bible-kjv)
 
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if [ ${#need_arm64[@]} -gt 0 ]; then
+    dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+    need_pkgs+=("${need_arm64[@]}")
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "deps: installing Debian packages: ${need_pkgs[*]}"
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         "${need_pkgs[@]}" >/dev/null

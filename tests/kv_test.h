@@ -168,6 +168,9 @@ static inline tr_kv_params params(tr_kv_policy pol, float alpha) {
     p.n_sink = 2;
     p.n_window = 8;
     p.io_threads = 4;
+    /* the tests drive a call of several rows as that many decode steps (each its own selection);
+     * the exact prefill of such calls is tested on its own (test_kv_tiered: prefill) */
+    p.prefill_select = true;
     return p;
 }
 
@@ -338,16 +341,22 @@ static inline tr_status decode_step(tr_kv *kv, const data *d, const shp *s, int3
     return st;
 }
 
-/* a user-started agent (terrace-storaged --listen) next to the test binary's build directory;
- * 0 if it did not come up */
+/* a user-started agent (terrace-storaged --listen): $TERRACE_STORAGED as the runtime would take
+ * it (under emulation, a wrapper that starts the emulator), else the one next to the test
+ * binary's build directory; 0 if it did not come up */
 static inline pid_t start_listener(const char *sock) {
     char exe[PATH_MAX], bin[PATH_MAX + 32];
-    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return 0;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = 0;
-    snprintf(bin, sizeof bin, "%s/../terrace-storaged", exe);
+    const char *env = getenv("TERRACE_STORAGED");
+    if (env && *env) {
+        snprintf(bin, sizeof bin, "%s", env);
+    } else {
+        const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0) return 0;
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(bin, sizeof bin, "%s/../terrace-storaged", exe);
+    }
     const pid_t pid = fork();
     if (pid == 0) {
         execl(bin, bin, "--listen", sock, (char *)NULL);

@@ -82,11 +82,19 @@ run "gen dequant reference (gguf.quants)" $PY tests/py/gen_dequant.py "$TMP/dequ
 run "test_dequant [build]" build/tests/test_dequant "$TMP/dequant.gguf"
 run "test_dequant [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_dequant" "$TMP/dequant.gguf"
 run "test_gguf (data access) [build]" build/tests/test_gguf "$TMP/dequant.gguf"
+# the same blocks with general.alignment = 1, every tensor at an odd byte (UBSan: no misaligned load)
+$PY tests/py/ggufedit.py --odd-offsets "$TMP/dequant.gguf" "$TMP/dequant-odd.gguf"
+run "test_dequant, tensors at odd offsets [$ASAN_BUILD]" "$ASAN_BUILD/tests/test_dequant" \
+    "$TMP/dequant-odd.gguf"
 
 # --- GGUF reader: files from the gguf writer; hostile files; all under ASan/UBSan --------------
 run "gguf reader (gguf writer files) [$ASAN_BUILD]" \
     $PY tests/py/test_gguf_reader.py "$ASAN_BUILD/terrace" "$ASAN_BUILD/tests/test_gguf"
 run "hostile GGUF files [$ASAN_BUILD]" $PY tests/py/test_hostile.py "$ASAN_BUILD/terrace"
+# hostile models and faults (NaN weights, odd offsets, a file truncated under the runtime, FIFOs,
+# full disks, flags that do not apply), from the synthetic models and the default model
+run "hostile models and faults [$ASAN_BUILD]" $PY tests/py/test_faults.py "$ASAN_BUILD/terrace" \
+    "$(bash scripts/get_model.sh smollm2)"
 
 # --- model: sessions, batching, errors; logit parity with llama.cpp (stored references) --------
 # F32 weights: batching must not change a single bit there (quantized weights would add the
@@ -151,9 +159,13 @@ run "KV policies bit-identical to the stored digests: MHA/GQA/MQA synthetic, def
 
 # --- fuzz corpus replay (the long fuzz runs are `make fuzz` and `make fuzz-jinja`) -----------
 if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
-    run "fuzz corpus replay ($(ls fuzz/corpus | wc -l) inputs)" \
+    run "fuzz corpus replay: GGUF reader ($(ls fuzz/corpus | wc -l) inputs)" \
         build/fuzz/fuzz_gguf -runs=0 fuzz/corpus
-    run "chat-template fuzz corpus replay ($(ls fuzz/corpus-jinja | wc -l) inputs)" \
+    for t in tokenizer model; do
+        run "fuzz corpus replay: $t ($(ls fuzz/corpus-$t | wc -l) inputs)" \
+            build/fuzz/fuzz_$t -runs=0 fuzz/corpus-$t
+    done
+    run "fuzz corpus replay: chat templates ($(ls fuzz/corpus-jinja | wc -l) inputs)" \
         build/fuzz/fuzz_jinja -runs=0 -timeout=30 fuzz/corpus-jinja
 else
     skip "fuzz corpus replay" "clang/libFuzzer not available"
@@ -239,6 +251,9 @@ if need_testdata "tokenizer vectors"; then
             "$ASAN_BUILD/tests/test_tokenizer" "$vocab" "$inp" "${inp%.inp}.out"
     done
 fi
+
+# --- the aarch64 build under emulation: Arm kernels at three CPU models, the suite at one ------
+source tests/run_aarch64.sh
 
 # --- every C test listed, built and run ---------------------------------------------------------
 check_list() {

@@ -12,13 +12,17 @@
 #include "tensor/types.h"
 #include "testutil.h"
 
-static const float *tensor_f32(tr_gguf *g, const char *name, int64_t *n) {
+/* an F32 tensor copied out of the mapping: with general.alignment = 1 its data may sit at an
+ * odd byte, where it cannot be read as floats in place (the caller frees) */
+static float *tensor_f32(tr_gguf *g, const char *name, int64_t *n) {
     const int64_t i = tr_gguf_find_tensor(g, name);
     if (i < 0) return NULL;
     const tr_tensor_info *t = tr_gguf_tensor(g, i);
     if (t->type != TR_TYPE_F32) return NULL;
     *n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    return tr_gguf_tensor_data(g, i);
+    float *f = malloc((size_t)t->nbytes);
+    if (f) memcpy(f, tr_gguf_tensor_data(g, i), (size_t)t->nbytes);
+    return f;
 }
 
 /* bitwise comparison; prints the first mismatch */
@@ -62,9 +66,12 @@ int main(int argc, char **argv) {
         snprintf(rname, sizeof rname, "ref.%s", tr_type_name(ty));
         const int64_t qi = tr_gguf_find_tensor(g, qname);
         int64_t n = 0;
-        const float *ref = tensor_f32(g, rname, &n);
+        float *ref = tensor_f32(g, rname, &n);
         TU_CHECK(qi >= 0 && ref, "reference file lacks %s/%s", qname, rname);
-        if (qi < 0 || !ref) continue;
+        if (qi < 0 || !ref) {
+            free(ref);
+            continue;
+        }
         const tr_tensor_info *t = tr_gguf_tensor(g, qi);
         TU_CHECK(t->type == ty, "%s has type %s", qname, tr_type_name(t->type));
         float *out = malloc((size_t)n * sizeof *out);
@@ -76,6 +83,7 @@ int main(int argc, char **argv) {
         printf("  dequant %-7s %7lld values  %s\n", tr_type_name(ty), (long long)n,
                bad ? "MISMATCH" : "bit-exact");
         free(out);
+        free(ref);
         n_types++;
     }
     TU_CHECK(n_types == (int)(sizeof types / sizeof types[0]), "only %d types checked", n_types);
@@ -87,10 +95,13 @@ int main(int argc, char **argv) {
     } conv[] = {{TR_TYPE_BF16, "src.BF16", "q.BF16"}, {TR_TYPE_F16, "src.F16", "conv.F16"}};
     for (size_t k = 0; k < 2; k++) {
         int64_t n = 0;
-        const float *src = tensor_f32(g, conv[k].src, &n);
+        float *src = tensor_f32(g, conv[k].src, &n);
         const int64_t wi = tr_gguf_find_tensor(g, conv[k].want);
         TU_CHECK(src && wi >= 0, "missing %s", conv[k].src);
-        if (!src || wi < 0) continue;
+        if (!src || wi < 0) {
+            free(src);
+            continue;
+        }
         uint16_t *out = malloc((size_t)n * 2);
         tr_traits(conv[k].ty)->from_float_ref(src, out, n);
         const int diff = memcmp(out, tr_gguf_tensor_data(g, wi), (size_t)n * 2);
@@ -98,6 +109,7 @@ int main(int argc, char **argv) {
         printf("  convert f32 -> %-5s %7lld values  %s\n", tr_type_name(conv[k].ty),
                (long long)n, diff ? "MISMATCH" : "bit-exact");
         free(out);
+        free(src);
     }
     /* an unsupported type is an error, not garbage */
     float dummy[256];

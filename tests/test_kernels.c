@@ -1,6 +1,7 @@
 /*
- * Every fast kernel family this CPU runs ("avx2", "avx512") against the scalar reference:
- * vec_dot, vec_dot_nc and vec_dot_side (nc = 1..4) for every supported weight type over random
+ * Every fast kernel family this CPU runs ("avx2", "avx512"; on Arm "neon", "dotprod", "i8mm")
+ * against the scalar reference: vec_dot, vec_dot_nc, vec_dot_side and vec_dot_2r (two weight
+ * rows, nc = 1..4) for every supported weight type over random
  * rows with ragged lengths, the activation side tables (exact), the fast activation quantizers
  * (must be bit-identical), and tr_matmul on 1, 2 and 3 threads against a naive loop over the
  * reference dot.
@@ -219,7 +220,11 @@ typedef struct {
     long checks;
 } stat;
 
-static stat g_stat[3][N_TYPES]; /* [family][type] */
+/* every family any build has; those this build or CPU lacks are skipped */
+static const char *const k_fam_names[] = {"scalar", "avx2", "avx512", "neon", "dotprod", "i8mm"};
+#define N_FAMS (int)(sizeof k_fam_names / sizeof k_fam_names[0])
+
+static stat g_stat[N_FAMS][N_TYPES]; /* [family][type] */
 
 static bool within(stat *st, float fast, float ref, double tol, double mag) {
     const double diff = fabs((double)fast - (double)ref);
@@ -240,11 +245,15 @@ static bool within(stat *st, float fast, float ref, double tol, double mag) {
 static void *alloc_off(size_t bytes, size_t off) { return (char *)malloc(bytes + off) + off; }
 static void free_off(void *p, size_t off) { free((char *)p - off); }
 
+/* activation rows (terrace's own buffers) keep their element alignment */
 static size_t row_offset(tr_type t) {
     if (t == TR_TYPE_F32 || t == TR_TYPE_Q8_K) return 4;
     if (t == TR_TYPE_MXFP4) return 1;
     return 2;
 }
+/* weight rows come from the file, where general.alignment = 1 allows any byte (unaligned.h):
+ * an odd address, so UBSan sees any load that assumes more */
+#define WEIGHT_OFFSET 1
 
 /* The matmul path with activation side tables: the tables must hold exactly the block scales and
  * the code sums (Q8_0) or stored s (Q8_1); vec_dot_side must match the reference for nc = 1..4. */
@@ -299,6 +308,49 @@ static void check_side(const tr_kernels *fast, int fam, int ti, int64_t n, const
     free(side);
 }
 
+/* Two weight rows at once (vec_dot_2r): row 0 is w, row 1 a new random row a little after it
+ * (w_stride differs from the row size), against nc = 1..4 activation rows; s[r + j * s_stride]
+ * must match the reference for both rows and nothing else may be written. */
+static void check_2r(const tr_kernels *ref, const tr_kernels *fast, int fam, int ti, int64_t n,
+                     const void *w, const char *a, size_t astride, const float *refv,
+                     const double *mag, tu_rng *r) {
+    const tr_type t = k_types[ti];
+    const size_t wbytes = tr_type_row_bytes(t, n), wstride = wbytes + 2 * tr_type_block_bytes(t);
+    const size_t woff = row_offset(t);
+    uint8_t *w2 = alloc_off(wstride + wbytes, woff); /* row 1 ends the buffer */
+    memcpy(w2, w, wbytes);
+    memset(w2 + wbytes, 0xA5, wstride - wbytes);
+    fill_weights(r, t, w2 + wstride, n);
+    float ref1[TR_MAX_NC];
+    double mag1[TR_MAX_NC];
+    for (int j = 0; j < TR_MAX_NC; j++) {
+        ref->vec_dot[t](n, &ref1[j], w2 + wstride, a + (size_t)j * astride);
+        mag1[j] = magnitude(t, w2 + wstride, a + (size_t)j * astride, n);
+    }
+    stat *st = &g_stat[fam][ti];
+    for (int nc = 1; nc <= TR_MAX_NC; nc++) {
+        const size_t ss = 5; /* output stride: columns of a matmul, the two rows adjacent */
+        float s[5 * TR_MAX_NC];
+        for (int i = 0; i < 5 * TR_MAX_NC; i++) s[i] = NAN;
+        fast->vec_dot_2r[t](n, nc, s, ss, w2, wstride, a, astride);
+        for (int j = 0; j < nc; j++)
+            for (int row = 0; row < 2; row++) {
+                const float want = row ? ref1[j] : refv[j];
+                const double m = row ? mag1[j] : mag[j];
+                const double tol = tolerance(t, n, m, want);
+                TU_CHECK(within(st, s[row + j * ss], want, tol, m),
+                         "%s %s vec_dot_2r n=%lld nc=%d row %d col %d: %.9g vs ref %.9g (tol %.3g)",
+                         fast->isa, tr_type_name(t), (long long)n, nc, row, j, s[row + j * ss],
+                         want, tol);
+            }
+        for (int i = 0; i < 5 * TR_MAX_NC; i++)
+            if (i % ss > 1 || i / ss >= (size_t)nc)
+                TU_CHECK(isnan(s[i]), "%s %s vec_dot_2r nc=%d wrote outside its outputs (%d)",
+                         fast->isa, tr_type_name(t), nc, i);
+    }
+    free_off(w2, woff);
+}
+
 static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, int ti, int64_t n,
                        tu_rng *r) {
     const tr_type t = k_types[ti];
@@ -307,7 +359,7 @@ static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, i
     /* activation rows a little apart so a_stride differs from the row size */
     const size_t abytes = tr_type_row_bytes(vt, n);
     const size_t astride = abytes + (vt == TR_TYPE_Q8_K || vt == TR_TYPE_F32 ? 4 : 2) * 3;
-    const size_t woff = row_offset(t), aoff = row_offset(vt);
+    const size_t woff = WEIGHT_OFFSET, aoff = row_offset(vt);
     void *w = alloc_off(wbytes, woff);
     char *a = alloc_off(astride * (TR_MAX_NC - 1) + abytes, aoff); /* last row ends the buffer */
     float *x = malloc((size_t)n * sizeof(float));
@@ -348,6 +400,7 @@ static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, i
         }
     }
     if (fast->vec_dot_side[t]) check_side(fast, fam, ti, n, w, a, astride, refv, mag);
+    if (fast->vec_dot_2r[t]) check_2r(ref, fast, fam, ti, n, w, a, astride, refv, mag, r);
     free_off(w, woff);
     free_off(a, aoff);
     free(x);
@@ -724,7 +777,7 @@ static void check_quantizers(const tr_kernels *ref, const tr_kernels *fast, tu_r
             if (kind == 4) /* max 127 exactly: x·127/127 puts many values on .5 */
                 for (int64_t i = 0; i < n; i++)
                     x[i] = (float)((int)(tu_next(r) % 255) - 127) * 0.5f;
-            if (kind == 5) /* the largest magnitude appears twice with opposite signs */
+            if (kind == 5 && blck > 3) /* the largest magnitude twice, opposite signs */
                 for (int64_t b = 0; b + blck <= n; b += blck) {
                     x[b + 3] = 100.0f;
                     x[b + blck - 1] = -100.0f;
@@ -739,7 +792,7 @@ static void check_quantizers(const tr_kernels *ref, const tr_kernels *fast, tu_r
             free(q0);
             free(q1);
         }
-        printf("  %-6s from_float %-5s bit-identical to the reference on %ld rows\n", fast->isa,
+        printf("  %-7s from_float %-5s bit-identical to the reference on %ld rows\n", fast->isa,
                tr_type_name(vt), cases);
     }
 }
@@ -755,7 +808,7 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
     const int64_t K = Kw ? Kw : is_float_type(t) ? 133 : blck == 32 ? 7 * 32 : 2 * 256;
     const bool gemm = k->gemm[t] && M >= k->gemm_min_m;
     const size_t rb = tr_type_row_bytes(t, K);
-    uint8_t *wdata = malloc(rb * (size_t)N);
+    uint8_t *wdata = alloc_off(rb * (size_t)N, WEIGHT_OFFSET);
     for (int64_t i = 0; i < N; i++) fill_weights(r, t, wdata + (size_t)i * rb, K);
     float *x = malloc(sizeof(float) * (size_t)(M * K));
     for (int64_t m = 0; m < M; m++) fill_acts(r, x + m * K, K);
@@ -787,17 +840,27 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
     free(scratch);
     free(y);
     free(x);
-    free(wdata);
+    free_off(wdata, WEIGHT_OFFSET);
 }
 
 /* ------------------------------------------------------------------------------------- main */
 
-int main(void) {
+/* usage: test_kernels [FAMILY...] — every family this build and CPU run, or only the named ones
+ * (each must be available; the emulated suite tests each Arm family at one CPU model) */
+int main(int argc, char **argv) {
     tu_rng r = {0x5eed1234u};
     const tr_kernels *ref = tr_kernels_by_name("scalar");
-    const char *fam_names[3] = {"scalar", "avx2", "avx512"};
-    const tr_kernels *fams[3];
-    for (int f = 0; f < 3; f++) fams[f] = tr_kernels_by_name(fam_names[f]);
+    const char *const *fam_names = k_fam_names;
+    const tr_kernels *fams[N_FAMS];
+    for (int f = 0; f < N_FAMS; f++) {
+        fams[f] = tr_kernels_by_name(fam_names[f]);
+        bool named = argc == 1 || f == 0; /* scalar: the reference, also checked by matmul */
+        for (int i = 1; i < argc; i++) named |= strcmp(argv[i], fam_names[f]) == 0;
+        if (!named) fams[f] = NULL;
+    }
+    for (int i = 1; i < argc; i++)
+        TU_CHECK(tr_kernels_by_name(argv[i]) != NULL,
+                 "kernel family %s is not available in this build or on this CPU", argv[i]);
     TU_CHECK(ref != NULL, "no scalar family");
     printf("test_kernels: best family on this CPU: %s\n", tr_kernels_best()->isa);
 
@@ -830,9 +893,9 @@ int main(void) {
                                       47, 63, 64, 65, 79, 127, 128, 129, 255, 1000, 4097, 5000};
     static const int64_t nb_32[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 100, 156};
     static const int64_t nb_256[] = {1, 2, 3, 4, 5, 7, 16, 19};
-    for (int f = 1; f < 3; f++) {
+    for (int f = 1; f < N_FAMS; f++) {
         if (!fams[f]) {
-            printf("  %-6s not available on this CPU/build: skipped\n", fam_names[f]);
+            printf("  %-7s not available on this CPU/build: skipped\n", fam_names[f]);
             continue;
         }
         for (int ti = 0; ti < N_TYPES; ti++) {
@@ -872,7 +935,7 @@ int main(void) {
         /* (M, N): N not a multiple of the row chunk (N / (8·threads)); N = 300 gives chunks of
          * several row tiles plus a ragged one, and M = 9 column groups of 4, 4 and 1 */
         static const int64_t shapes[][2] = {{1, 61}, {3, 37}, {5, 61}, {8, 37}, {9, 300}};
-        for (int f = 0; f < 3; f++) {
+        for (int f = 0; f < N_FAMS; f++) {
             if (!fams[f]) continue;
             for (int ti = 0; ti < N_TYPES; ti++)
                 for (int si = 0; si < 5; si++)
@@ -898,12 +961,12 @@ int main(void) {
         tr_pool_free(pool);
     }
 
-    printf("  %-7s %-6s %12s %10s %8s\n", "type", "family", "max rel err", "of tol", "checks");
-    for (int f = 0; f < 3; f++) {
+    printf("  %-7s %-7s %12s %10s %8s\n", "type", "family", "max rel err", "of tol", "checks");
+    for (int f = 0; f < N_FAMS; f++) {
         if (!fams[f]) continue;
         for (int ti = 0; ti < N_TYPES; ti++) {
             const stat *st = &g_stat[f][ti];
-            printf("  %-7s %-6s %12.3g %9.1f%% %8ld\n", tr_type_name(k_types[ti]), fam_names[f],
+            printf("  %-7s %-7s %12.3g %9.1f%% %8ld\n", tr_type_name(k_types[ti]), fam_names[f],
                    st->max_rel, 100.0 * st->max_ratio, st->checks);
         }
     }

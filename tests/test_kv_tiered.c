@@ -444,7 +444,116 @@ out:
     data_free(&d);
 }
 
+
+/* Prefill through the tiers: calls of several rows (chunks of B positions) attend exactly, as
+ * full does, over a cold pool, reading each cold page at most once per chunk and layer: the
+ * bytes read stay within the sum of the cold pool's size at each chunk, itself within
+ * ceil(n / B) x the final one. With prefill_select each row selects as a decode step and reads
+ * far more; a single-row call after the prefill still selects. The exact path runs with the
+ * list in one gather, in working-set halves and pipelined. */
+static void test_prefill(void) {
+    enum { N = 600, B = 96 };
+    const shp s = {"GQA", 2, N + 8, 8, 2, 64, 64};
+    const size_t qn = (size_t)s.nh * s.hdk, on = (size_t)s.nh * s.hdv;
+    const uint64_t rec = (uint64_t)s.nkv * (uint64_t)(s.hdk + s.hdv) * 2;
+    const float scale = 0.125f;
+    data d;
+    data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 91, false);
+    float *q = malloc(sizeof(float) * qn * B), *o = malloc(sizeof(float) * on * B),
+          *ro = malloc(sizeof(float) * on);
+    int32_t pos[B];
+    tr_error err = {0};
+    enum { V_ONE, V_HALVES, V_PIPE, V_SELECT, NV };
+    static const char *const vname[NV] = {"one gather", "halves", "pipelined", "select"};
+    uint64_t read[NV] = {0};
+    for (int v = 0; v < NV; v++) {
+        tr_kv_params p = params(TR_KV_TIERED, 0.15f);
+        p.cold_dir = g_tmp;
+        p.hot_bytes = hot_min(&s, &p) + (uint64_t)s.nl * 32 * rec;
+        p.prefill_select = v == V_SELECT;
+        p.max_rows = B;
+        if (v == V_HALVES) p.ws_bytes = 128 * rec;
+        tr_kv *kv = mk(&s, &p);
+        if (!kv) break;
+        if (v == V_PIPE) {
+            tr_kv_seam sm;
+            tr_kv_seam_get(kv, &sm);
+            sm.pipe_min = 0;
+            TU_CHECK(tr_kv_seam_set(kv, &sm, &err) == TR_OK, "seam: %s", err.msg);
+        }
+        float worst = 0.0f;
+        bool ok = true;
+        for (int32_t c0 = 0; c0 < N && ok; c0 += B) {
+            const int32_t nr = N - c0 < B ? N - c0 : B;
+            for (int32_t l = 0; l < s.nl && ok; l++) {
+                for (int32_t r = 0; r < nr && ok; r++) {
+                    pos[r] = c0 + r;
+                    query_make(q + (size_t)r * qn, &s, pos[r], 500 + (uint64_t)(l * N + pos[r]),
+                               false);
+                    ok = tr_kv_append(kv, l, pos[r], dk(&d, l, pos[r]), dv(&d, l, pos[r]),
+                                      &err) == TR_OK;
+                }
+                ok = ok && attend_rows(kv, g_pool, l, nr, pos, q, qn, scale, NULL, 0, o, on,
+                                       &err) == TR_OK;
+                TU_CHECK(ok, "prefill %s, chunk at %d, layer %d: %s", vname[v], c0, l, err.msg);
+                for (int32_t r = 0; r < nr && ok && v != V_SELECT; r++) {
+                    ref_attend(&d, l, &s, pos[r], q + (size_t)r * qn, scale, NULL, 0, NULL, ro);
+                    const float e = maxdiff(o + (size_t)r * on, ro, on);
+                    if (e > worst) worst = e;
+                }
+            }
+        }
+        const tr_kv_stats st = stats_of(kv);
+        read[v] = st.bytes_read;
+        if (v != V_SELECT) {
+            const uint64_t chunks = (N + B - 1) / B;
+            TU_CHECK(worst <= TOL, "prefill %s: max |diff| to exact attention %.3g > %.3g",
+                     vname[v], worst, TOL);
+            TU_CHECK(st.prefill_chunks == chunks && st.bytes_read == st.prefill_bytes_read &&
+                         st.bytes_read > 0 && st.bytes_read <= st.prefill_read_bound &&
+                         st.prefill_read_bound <= chunks * st.cold_bytes,
+                     "prefill %s: %llu chunks, read %llu (prefill %llu), bound %llu, %llu x cold "
+                     "%llu", vname[v], (unsigned long long)st.prefill_chunks,
+                     (unsigned long long)st.bytes_read, (unsigned long long)st.prefill_bytes_read,
+                     (unsigned long long)st.prefill_read_bound, (unsigned long long)chunks,
+                     (unsigned long long)st.cold_bytes);
+            printf("prefill %s: max |diff| %.2g, read %llu bytes in %llu chunks (bound %llu, "
+                   "cold pool %llu)\n", vname[v], (double)worst, (unsigned long long)st.bytes_read,
+                   (unsigned long long)st.prefill_chunks, (unsigned long long)st.prefill_read_bound,
+                   (unsigned long long)st.cold_bytes);
+        } else {
+            TU_CHECK(st.prefill_chunks == 0 && read[V_SELECT] > 2 * read[V_ONE],
+                     "prefill_select: %llu exact chunks, read %llu vs exact %llu",
+                     (unsigned long long)st.prefill_chunks, (unsigned long long)read[V_SELECT],
+                     (unsigned long long)read[V_ONE]);
+            printf("prefill with selection per row: read %llu bytes (exact: %llu)\n",
+                   (unsigned long long)read[V_SELECT], (unsigned long long)read[V_ONE]);
+        }
+        /* decode after the prefill selects */
+        if (ok && v == V_ONE) {
+            pos[0] = N;
+            for (int32_t l = 0; l < s.nl && ok; l++) {
+                query_make(q, &s, N, 77, false);
+                ok = tr_kv_append(kv, l, N, dk(&d, l, N), dv(&d, l, N), &err) == TR_OK &&
+                     attend_rows(kv, g_pool, l, 1, pos, q, qn, scale, NULL, 0, o, on, &err) ==
+                         TR_OK;
+            }
+            const tr_kv_stats s2 = stats_of(kv);
+            TU_CHECK(ok && s2.selected < (uint64_t)s.nl * (N + 1) / 2 &&
+                         s2.prefill_chunks == st.prefill_chunks,
+                     "decode after prefill: %s, %llu tokens attended over %d layers", err.msg,
+                     (unsigned long long)s2.selected, s.nl);
+        }
+        tr_kv_free(kv);
+    }
+    free(q);
+    free(o);
+    free(ro);
+    data_free(&d);
+}
+
 int main(void) {
-    static void (*const tests[])(void) = {test_bkp, test_app_rates, test_app_explore, test_pull_keys, test_spec};
+    static void (*const tests[])(void) = {test_bkp,       test_app_rates, test_app_explore,
+                                          test_pull_keys, test_spec,      test_prefill};
     return kv_test_main("test_kv_tiered", tests, (int)(sizeof tests / sizeof *tests));
 }

@@ -518,6 +518,11 @@ static void test_bpe(void) {
         TU_CHECK(!strcmp(tr_tokenizer_pre(t), variant ? "gpt-2" : "default"), "pre %s",
                  tr_tokenizer_pre(t));
         TU_CHECK(tr_token_bos(t) == 11, "bos %d (default 11 expected)", tr_token_bos(t));
+        /* both leniencies are reported, naming their keys */
+        const char *wn = tr_tokenizer_warning(t);
+        TU_CHECK(wn && strstr(wn, "tokenizer.ggml.bos_token_id = 99999") &&
+                     strstr(wn, "tokenizer.ggml.merges: 1 of 11 merges") && strstr(wn, "nospace"),
+                 "warning: %s", wn ? wn : "(none)");
         TU_CHECK(tr_token_eos(t) == eot, "eos %d", tr_token_eos(t));
         TU_CHECK(tr_token_is_eog(t, eot) && tr_token_is_eog(t, im_end) && !tr_token_is_eog(t, user),
                  "EOG set");
@@ -529,6 +534,14 @@ static void test_bpe(void) {
         TU_CHECK(ids_eq(t, "aaa", false, IDS(aa, 'a')), "equal ranks: leftmost first");
         TU_CHECK(ids_eq(t, "abc", false, IDS('a', bc)), "lowest rank first");
         TU_CHECK(ids_eq(t, "xy", false, IDS('x', 'y')), "merge to a non-token falls back to bytes");
+        {
+            /* nothing is dropped here; the counter of tr_tokenize_ex says so */
+            int32_t tmp[16];
+            size_t nt = 0, nd = 99;
+            int first = 0;
+            st = tr_tokenize_ex(t, "hello wo", 8, false, false, tmp, 16, &nt, &nd, &first, &err);
+            TU_CHECK(st == TR_OK && nd == 0 && first == -1, "no drops: %zu (first %d)", nd, first);
+        }
         TU_CHECK(ids_eq(t, "a<user>b", false, IDS('a', user, 'b')), "user-defined split");
         TU_CHECK(ids_eq(t, "<|endoftext|>", true, IDS(eot)), "control with parse_special");
         size_t n = 0;
@@ -669,6 +682,8 @@ static void test_hostile(void) {
         {"bad special id type", 0, 8, TR_E_FORMAT, "bos_token_id"},
         {"special id out of range", 0, 9, TR_OK, ""},
         {"empty token text", 0, 10, TR_OK, ""},
+        {"token type outside the enum", 0, 11, TR_E_FORMAT, "tokenizer.ggml.token_type[4] = 99"},
+        {"byte-level BPE without byte tokens", 1, 12, TR_E_FORMAT, "none of the 256 byte tokens"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         gw w;
@@ -680,11 +695,15 @@ static void test_hostile(void) {
         memcpy(tk, toks, sizeof tk);
         if (d == 4) tk[5] = "a";
         if (d == 10) tk[4] = "";
+        if (d == 12) tk[3] = "aa", tk[4] = "bb"; /* no single-character token left */
         if (d == 6)
             kv_str(&w, "tokenizer.ggml.tokens", "abc");
         else
             kv_strs(&w, "tokenizer.ggml.tokens", tk, 6);
-        kv_i32s(&w, "tokenizer.ggml.token_type", types, d == 1 ? 5 : 6);
+        int32_t ty[6];
+        memcpy(ty, types, sizeof ty);
+        if (d == 11) ty[4] = 99;
+        kv_i32s(&w, "tokenizer.ggml.token_type", ty, d == 1 ? 5 : 6);
         if (d == 2)
             kv_strs(&w, "tokenizer.ggml.scores", toks, 6);
         else
@@ -704,8 +723,16 @@ static void test_hostile(void) {
         TU_CHECK(st == TR_OK || strstr(err.msg, cases[i].msg), "%s: message '%s' lacks '%s'",
                  cases[i].what, err.msg, cases[i].msg);
         TU_CHECK((st == TR_OK) == (t != NULL), "%s: handle on failure", cases[i].what);
-        if (t && d == 9)
+        if (t && d == 9) {
             TU_CHECK(tr_token_eos(t) == 2, "out-of-range eos ignored: %d", tr_token_eos(t));
+            const char *wn = tr_tokenizer_warning(t);
+            TU_CHECK(wn && strstr(wn, "tokenizer.ggml.eos_token_id = 1000000") &&
+                         strstr(wn, "id 2 is used"),
+                     "out-of-range eos reported: %s", wn ? wn : "(none)");
+        }
+        if (t && d != 9)
+            TU_CHECK(!tr_tokenizer_warning(t), "%s: unexpected warning %s", cases[i].what,
+                     tr_tokenizer_warning(t));
         if (t && d == 10) {
             size_t n;
             const char *s = tr_token_text(t, 4, &n);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "checks.h"
 #include "common.h"
 
 #define MAX_LIST 32
@@ -307,7 +308,10 @@ int cmd_bench(int argc, char **argv) {
         o.n_threads = ba.threads.v[ti];
         if (ld.model) unload_model(&ld);
         memset(&ld, 0, sizeof ld);
-        if (!load_model(&o, &ld)) goto out;
+        if (!load_model(&o, &ld)) {
+            if (ld.usage_error) rc = CLI_EXIT_USAGE;
+            goto out;
+        }
         const int32_t n_vocab = tr_model_n_vocab(ld.model);
         free(logits);
         logits = malloc(sizeof *logits * (size_t)n_vocab);
@@ -365,6 +369,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (pr.fmt == OUT_JSON) printf("\n]\n");
     if (pr.fmt == OUT_MD) printf("\nkernels %s, peak RSS %.1f MiB\n", tr_cpu_isa(), peak_rss_mib());
+    if (!close_outputs(&ld)) goto out;
     rc = 0;
 out:
     free(toks);

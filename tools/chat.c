@@ -12,8 +12,9 @@
  * (through the session's abort callback, so also in the middle of a long prefill) and returns to
  * the prompt; Ctrl-C or Ctrl-D at the prompt ends the chat with the summary.
  *
- * With -p and stdin not a terminal it answers that one message and exits (for scripts and the
- * demo); without -p it reads messages from stdin, terminal or not.
+ * With -p (or -f FILE, the first message from a file) and stdin not a terminal it answers that one
+ * message and exits (for scripts and the demo); without either it reads messages from stdin,
+ * terminal or not.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checks.h"
 #include "generate.h"
 
 static const char k_commands[] =
@@ -42,10 +44,9 @@ static void chat_usage(FILE *f) {
     gen_print_common_flags(f);
 }
 
-static void to_stdout(void *user, const char *s, size_t n) {
+static bool to_stdout(void *user, const char *s, size_t n) {
     (void)user;
-    fwrite(s, 1, n, stdout);
-    fflush(stdout);
+    return out_write(s, n);
 }
 
 /* ---- input: lines from fd 0 with read(2), so that Ctrl-C interrupts a wait ----------------- */
@@ -344,6 +345,7 @@ typedef struct chat {
     convo cv;
     gen_state total;
     telem tm;
+    char *file_text; /* -f: the first message */
 } chat;
 
 /* the conversation as the template renders it for a reply (into *text if not NULL), tokenized;
@@ -446,8 +448,8 @@ static void remove_last(convo *cv) {
 
 /* answers the conversation's last (user) message; false only on errors that end the chat */
 /* what the splitter made certain: reasoning on stderr (dimmed on a terminal, between markers
- * otherwise), the answer on stdout */
-static void show(chat *c, const tr_reasoning_delta *d) {
+ * otherwise), the answer on stdout; false (errno set) when stdout failed */
+static bool show(chat *c, const tr_reasoning_delta *d) {
     if (d->reasoning_len) {
         if (!c->in_reasoning) fputs(c->tty_err ? "\033[2m" : "[reasoning]\n", stderr);
         c->in_reasoning = true;
@@ -457,19 +459,18 @@ static void show(chat *c, const tr_reasoning_delta *d) {
     if (d->answer_len) {
         if (c->in_reasoning) fputs(c->tty_err ? "\033[0m\n" : "\n[/reasoning]\n", stderr);
         c->in_reasoning = false;
-        to_stdout(NULL, d->answer, d->answer_len);
+        return to_stdout(NULL, d->answer, d->answer_len);
     }
+    return true;
 }
 
-static void reply_sink(void *user, const char *s, size_t n) {
+static bool reply_sink(void *user, const char *s, size_t n) {
     chat *c = user;
     tr_error err = {0};
     tr_reasoning_delta d;
-    if (tr_reasoning_feed(c->rs, s, n, &d, &err)) {
-        to_stdout(NULL, s, n); /* out of memory in the splitter: show the text as it is */
-        return;
-    }
-    show(c, &d);
+    /* out of memory in the splitter: show the text as it is */
+    if (tr_reasoning_feed(c->rs, s, n, &d, &err)) return to_stdout(NULL, s, n);
+    return show(c, &d);
 }
 
 /* answers the conversation's last (user) message; false only on errors that end the chat */
@@ -520,11 +521,14 @@ static bool answer(chat *c) {
     if (prefilled) {
         ok = gen_run(&g, o, &c->ld, c->s, c->smp, c->logits);
         tr_reasoning_delta d;
-        if (tr_reasoning_finish(c->rs, &d, &err) == TR_OK) show(c, &d);
+        bool out = tr_reasoning_finish(c->rs, &d, &err) != TR_OK || show(c, &d);
         if (c->in_reasoning) fputs(c->tty_err ? "\033[0m\n" : "\n[/reasoning]\n", stderr);
         c->in_reasoning = false;
-        fputc('\n', stdout);
-        fflush(stdout);
+        out = out_write("\n", 1) && out;
+        if (ok && !out) {
+            cli_error("cannot write to standard output: %s", strerror(errno));
+            ok = false;
+        }
     }
     if (g.interrupted) {
         fprintf(stderr, "terrace: [interrupted]\n");
@@ -617,6 +621,20 @@ static bool setup(chat *c) {
     }
     c->tm.sess = c->s;
     c->n_ctx = tr_session_n_ctx(c->s);
+    warn_context(&c->ld, c->s);
+    if (o->prompt_file) { /* -f: the first message, no longer than the context can hold */
+        char why[96];
+        snprintf(why, sizeof why, "a context of %d tokens can hold (raise -c)", c->n_ctx);
+        size_t flen = 0;
+        if (!(c->file_text = read_file_max(o->prompt_file, text_bound(c->ld.tok, (size_t)c->n_ctx),
+                                           why, &flen)))
+            return false;
+        if (strlen(c->file_text) != flen) {
+            cli_error("%s holds a NUL byte: a chat message is text", o->prompt_file);
+            return false;
+        }
+        c->o->prompt = c->file_text;
+    }
     if (c->o->sampling.repeat_last_n < 0) c->o->sampling.repeat_last_n = c->n_ctx;
     if (tr_sampler_create(&o->sampling, tr_model_n_vocab(c->ld.model), &c->smp, &err)) {
         cli_error("%s", err.msg);
@@ -638,12 +656,19 @@ static bool setup(chat *c) {
 int cmd_chat(int argc, char **argv) {
     gen_opts o;
     if (!gen_parse(argc, argv, &o, "chat", chat_usage)) return CLI_EXIT_USAGE;
+    if (o.prompt && o.prompt_file) {
+        cli_error("chat: give the first message with -p or -f, not both");
+        return CLI_EXIT_USAGE;
+    }
     chat c;
     memset(&c, 0, sizeof c);
     c.o = &o;
     int rc = CLI_EXIT_ERROR;
     reader in = {.len = 0};
-    if (!setup(&c)) goto out;
+    if (!setup(&c)) {
+        if (c.ld.usage_error) rc = CLI_EXIT_USAGE;
+        goto out;
+    }
     cli_catch_interrupt();
     const bool interactive = isatty(0) || !o.prompt;
     fprintf(stderr, "terrace: chat template %s, context %d tokens%s\n",
@@ -696,10 +721,11 @@ int cmd_chat(int argc, char **argv) {
             break;
         }
     }
-    telem_close(&c.tm);
+    if (!telem_close(&c.tm) || !close_outputs(&c.ld)) rc = CLI_EXIT_ERROR;
     if (c.total.stopped_by) gen_summary(&c.total, &c.ld, c.s);
 out:
     telem_close(&c.tm);
+    free(c.file_text);
     convo_free(&c.cv);
     tr_reasoning_free(c.rs);
     tr_chat_template_free(c.tmpl);

@@ -20,12 +20,17 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 
-/* "terrace: error: <msg>" on stderr */
+/* "terrace: error: <msg>" on stderr, control characters in msg escaped */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "terrace: warning: <msg>" on stderr, the same way */
+void cli_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* human-readable byte count: "1.50 GiB", "912 B" */
 const char *cli_bytes(unsigned long long n, char *buf, size_t cap);
-/* writes s[0..len) with control characters and invalid UTF-8 escaped (for terminals) */
+/* writes s[0..len) with control characters (C0, DEL, C1) and invalid UTF-8 escaped (for
+ * terminals) */
 void cli_print_escaped(FILE *f, const char *s, size_t len, size_t max_chars);
+/* the same into a malloc'd string (NULL when out of memory); caller frees */
+char *cli_escape(const char *s, size_t len, size_t max_chars);
 /* a copy of s[0..len) that is valid UTF-8 (invalid bytes become U+FFFD); caller frees */
 char *cli_utf8_sanitize(const char *s, size_t len);
 /* parse a non-negative integer flag value; false with a message on junk */

@@ -6,12 +6,36 @@
 
 #include "cli.h"
 
+/* "terrace: <what>: <message>\n" with the message's control characters escaped: messages quote
+ * strings from files (architecture names, token texts, tensor names), which must not reach the
+ * terminal as escape sequences */
+static void report(const char *what, const char *fmt, va_list ap) {
+    char small[2048];
+    va_list copy;
+    va_copy(copy, ap);
+    const int n = vsnprintf(small, sizeof small, fmt, copy);
+    va_end(copy);
+    char *msg = small;
+    if (n >= (int)sizeof small && (msg = malloc((size_t)n + 1)) != NULL)
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+    if (!msg) msg = small; /* out of memory: the cut message */
+    fprintf(stderr, "terrace: %s: ", what);
+    cli_print_escaped(stderr, msg, strlen(msg), 0);
+    fputc('\n', stderr);
+    if (msg != small) free(msg);
+}
+
 void cli_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("terrace: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    report("error", fmt, ap);
+    va_end(ap);
+}
+
+void cli_warning(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    report("warning", fmt, ap);
     va_end(ap);
 }
 
@@ -60,6 +84,10 @@ void cli_print_escaped(FILE *f, const char *s, size_t len, size_t max_chars) {
         if (k == 0) {
             fprintf(f, "\\x%02x", p[i]);
             i++;
+        } else if (k == 2 && p[i] == 0xc2 && p[i + 1] < 0xa0) {
+            /* U+0080..U+009F: C1 controls, which some terminals obey (U+009B is CSI) */
+            fprintf(f, "\\u%04x", p[i + 1]);
+            i += 2;
         } else if (k == 1 && (p[i] < 0x20 || p[i] == 0x7f)) {
             if (p[i] == '\n') fputs("\\n", f);
             else if (p[i] == '\t') fputs("\\t", f);
@@ -130,4 +158,17 @@ int cli_parse_size(const char *flag, const char *v, unsigned long long *out) {
     }
     *out = (unsigned long long)(x * mul);
     return 1;
+}
+
+char *cli_escape(const char *s, size_t len, size_t max_chars) {
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    if (!f) return NULL;
+    cli_print_escaped(f, s, len, max_chars);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
 }

@@ -1,4 +1,5 @@
 #include "common.h"
+#include "checks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -16,9 +17,11 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_KVPRESEL, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
     F_REASONING,
+    F_COUNT
 };
+_Static_assert(F_COUNT <= 128, "gen_opts.given holds 128 flags");
 
 typedef struct flag {
     const char *names; /* comma-separated spellings */
@@ -76,6 +79,7 @@ static const flag k_flags[] = {
     {"--kv-keep", F_KVKEEP, false, "        KV: keep the cold pool's files"},
     {"--kv-bkp", F_KVBKP, true, "MODE      KV tiered: placement between the pools: off (default), on, naive"},
     {"--kv-spec", F_KVSPEC, false, "       KV tiered: select each layer's tokens with a query speculated from the previous layer's input, overlapping its scoring and reads with that layer's"},
+    {"--kv-prefill-select", F_KVPRESEL, false, "KV quest/tiered: select per row in prefill too, as in decode (default: prefill attends exactly, each cold page read once per chunk; perplexity always selects)"},
     {"--csd", F_CSD, false, "            KV tiered: score the cold pool in the storage agent (terrace-storaged)"},
     {"--csd-socket", F_CSDSOCKET, true, "PATH KV tiered: use the agent listening on PATH (terrace-storaged --listen PATH) instead of starting one; implies --csd"},
     {"--csd-chunk", F_CSDCHUNK, true, "N     storage agent: tokens per score block (default 1024)"},
@@ -103,6 +107,11 @@ static const flag *find_flag(const char *a) {
         }
     }
     return NULL;
+}
+
+bool gen_given(const gen_opts *o, const char *name) {
+    const flag *f = find_flag(name);
+    return f && (o->given[f->id / 64] >> (f->id % 64) & 1);
 }
 
 void gen_print_common_flags(FILE *f) {
@@ -166,6 +175,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             }
             v = argv[++i];
         }
+        o->given[f->id / 64] |= 1ull << (f->id % 64);
         long n;
         switch (f->id) {
         case F_MODEL: o->model = v; break;
@@ -252,6 +262,11 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             unsigned long long b = 0;
             if (!strcmp(v, "min")) b = TR_EXPERT_CACHE_MIN;
             else if (strcmp(v, "auto") && !cli_parse_size(a, v, &b)) return false;
+            else if (strcmp(v, "auto") && b == 0) { /* 0 is the library's "auto": say it */
+                cli_error("--expert-cache 0 holds no expert: give a size, min (the smallest legal "
+                          "budget) or auto");
+                return false;
+            }
             o->expert_cache = b;
             break;
         }
@@ -301,6 +316,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_KVKEEP: o->kv.keep = true; break;
         case F_CSD: o->kv.csd = true; break;
         case F_KVSPEC: o->kv.spec = true; break;
+        case F_KVPRESEL: o->kv.prefill_select = true; break;
         case F_CSDSOCKET:
             o->kv.csd = true;
             o->kv.csd_socket = v;
@@ -373,7 +389,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         unescape(copy);
         o->prompt = copy; /* lives until exit */
     }
-    return true;
+    return gen_check_flags(o, cmd);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -456,6 +472,12 @@ bool load_model(const gen_opts *o, loaded *out) {
         cli_error("%s", err.msg);
         return false;
     }
+    if (!gen_check_model_flags(o, out->model)) {
+        tr_model_free(out->model);
+        out->model = NULL;
+        out->usage_error = true;
+        return false;
+    }
     if (!(out->tok = tr_model_tokenizer(out->model))) {
         cli_error("%s: the file has no vocabulary (tokenizer.ggml.model): it cannot turn text "
                   "into tokens", o->model);
@@ -464,7 +486,9 @@ bool load_model(const gen_opts *o, loaded *out) {
         return false;
     }
     out->load_ms = now_ms() - t0;
-    if (tr_model_warning(out->model)) fprintf(stderr, "terrace: warning: %s\n", tr_model_warning(out->model));
+    if (tr_model_warning(out->model)) cli_warning("%s", tr_model_warning(out->model));
+    if (tr_tokenizer_warning(out->tok))
+        cli_warning("%s: tokenizer: %s", o->model, tr_tokenizer_warning(out->tok));
     if (o->route_trace && tr_model_route_trace_open(out->model, o->route_trace, &err)) {
         cli_error("%s", err.msg);
         unload_model(out);
@@ -490,7 +514,10 @@ int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, boo
         cli_error("out of memory tokenizing %zu bytes", len);
         return NULL;
     }
-    tr_status s = tr_tokenize(t, text, len, add_special, parse_special, ids, cap, n, &err);
+    size_t dropped = 0;
+    int first = -1;
+    tr_status s = tr_tokenize_ex(t, text, len, add_special, parse_special, ids, cap, n, &dropped,
+                                 &first, &err);
     if (s == TR_E_ARG && *n > cap) {
         cap = *n;
         int32_t *g = realloc(ids, cap * sizeof *ids);
@@ -507,39 +534,17 @@ int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, boo
         cli_error("tokenizing: %s", err.msg);
         return NULL;
     }
+    if (dropped)
+        cli_warning("%zu character%s of the text (the first: byte 0x%02X) %s no token in this "
+                    "model's vocabulary (tokenizer.ggml.tokens) and %s left out",
+                    dropped, dropped == 1 ? "" : "s", first, dropped == 1 ? "has" : "have",
+                    dropped == 1 ? "is" : "are");
     return ids;
 }
 
 char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        cli_error("cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        const size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        cap *= 2;
-        char *g = realloc(buf, cap + 1);
-        if (!g) {
-            free(buf);
-            buf = NULL;
-        }
-        buf = g;
-    }
-    const bool bad = !buf || ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        cli_error("cannot read %s", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
+    /* a file read whole, where no smaller bound is known: never without one (/dev/zero) */
+    return read_file_max(path, (size_t)1 << 30, "a text file read whole may hold", len);
 }
 
 int piece_of(const tr_tokenizer *t, int32_t id, char *buf, size_t cap) {

@@ -36,6 +36,9 @@ typedef struct gen_opts {
     int expert_prefetch, io_threads;
     tr_kv_params kv;      /* the --kv-* and --csd* flags */
     bool jinja;           /* --jinja: run formats -p as a chat turn with the chat template */
+    /* which flags the command line gave (bit = the flag's index), so that a flag given with its
+     * default value is still checked against the command, policy and model it applies to */
+    uint64_t given[2];
 } gen_opts;
 
 /* parses argv into o (defaults first); on a bad flag prints why and returns false */
@@ -47,6 +50,7 @@ typedef struct loaded {
     tr_model *model;
     const tr_tokenizer *tok; /* the model's */
     double load_ms;
+    bool usage_error; /* load_model failed on flags the model does not use (exit 2) */
 } loaded;
 
 /* loads the model (its tokenizer with it); prints the error itself and returns false on failure,
@@ -57,10 +61,13 @@ void unload_model(loaded *l);
 /* tokenizes text into a malloc'd array; prints the error and returns NULL on failure */
 int32_t *tokenize_alloc(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
                         bool parse_special, size_t *n);
-/* reads a whole file into a malloc'd NUL-terminated buffer; prints why not and returns NULL */
+/* reads a whole file (at most 1 GiB; checks.h has the bounded form) into a malloc'd
+ * NUL-terminated buffer; prints why not and returns NULL */
 char *read_file(const char *path, size_t *len);
 
 /* the KV cache's summary lines (nothing for the full policy), each line starting with prefix */
+/* whether the command line gave the flag NAME (any of its spellings, e.g. "--kv-alpha") */
+bool gen_given(const gen_opts *o, const char *name);
 void print_kv_stats(FILE *f, const tr_session *s, const char *prefix);
 /* session parameters from -c, -b and the --kv-* flags */
 tr_session_params session_params(const gen_opts *o);

@@ -6,6 +6,7 @@
  */
 #include "generate.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +15,10 @@ static void out_append(gen_state *g, const char *s, size_t n) {
         size_t cap = g->cap ? g->cap * 2 : 4096;
         while (cap < g->len + n + 1) cap *= 2;
         char *b = realloc(g->text, cap);
-        if (!b) return; /* output is best effort; generation goes on */
+        if (!b) { /* the text could not be kept: stop rather than lose it */
+            if (!g->sink_errno) g->sink_errno = ENOMEM;
+            return;
+        }
         g->text = b;
         g->cap = cap;
     }
@@ -53,10 +57,20 @@ static bool flush_text(gen_state *g, const gen_opts *o, bool final) {
         end = g->len - hold;
     }
     if (end > g->printed) {
-        if (g->sink) g->sink(g->sink_user, g->text + g->printed, end - g->printed);
+        errno = 0;
+        if (g->sink && !g->sink(g->sink_user, g->text + g->printed, end - g->printed) &&
+            !g->sink_errno)
+            g->sink_errno = errno ? errno : EIO;
         g->printed = end;
     }
     return stopped;
+}
+
+/* the output stream failed: generating on would only lose more text */
+static bool sink_failed(const gen_state *g) {
+    if (!g->sink_errno) return false;
+    cli_error("cannot write the generated text to standard output: %s", strerror(g->sink_errno));
+    return true;
 }
 
 static void prefill_progress(const gen_state *g, int32_t done, int32_t total) {
@@ -66,7 +80,8 @@ static void prefill_progress(const gen_state *g, int32_t done, int32_t total) {
 
 bool gen_prefill(gen_state *g, tr_session *s, const int32_t *toks, size_t n, float *logits) {
     tr_error err = {0};
-    const int32_t chunk = 256;
+    /* one batch per call: a chunk is what the KV cache reads its cold pool once for */
+    const int32_t chunk = tr_session_n_batch(s);
     const double t0 = now_ms();
     for (size_t done = 0; done < n;) {
         const int32_t k = n - done < (size_t)chunk ? (int32_t)(n - done) : chunk;
@@ -122,10 +137,12 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
         g->ids[g->n_ids++] = tok;
         g->n_gen++;
         g->last_token = tok;
-        if (g->tm) telem_token(g->tm, g->n_gen - 1, tok, g->ttft_ms, NULL);
+        if (g->tm && !telem_token(g->tm, g->n_gen - 1, tok, g->ttft_ms, NULL)) return false;
         const int n = piece_of(ld->tok, tok, piece, sizeof piece);
         out_append(g, piece, (size_t)n);
-        if (flush_text(g, o, false)) {
+        const bool stop = flush_text(g, o, false);
+        if (sink_failed(g)) return false;
+        if (stop) {
             g->stopped_by = "stop string";
             break;
         }
@@ -150,7 +167,7 @@ bool gen_run(gen_state *g, const gen_opts *o, const loaded *ld, tr_session *s, t
         g->n_decoded++;
     }
     flush_text(g, o, true);
-    return true;
+    return !sink_failed(g);
 }
 
 void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {

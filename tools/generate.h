@@ -10,8 +10,9 @@ typedef struct gen_state {
     /* generated text and how much of it was handed to the sink */
     char *text;
     size_t len, cap, printed;
-    void (*sink)(void *user, const char *s, size_t n);
+    bool (*sink)(void *user, const char *s, size_t n); /* false: the output failed (errno) */
     void *sink_user;
+    int sink_errno; /* set when the sink failed: generation stops with an error */
     /* figures for the summary */
     int32_t n_prompt, n_gen, n_decoded, last_token;
     double prefill_ms, ttft_ms, decode_ms;

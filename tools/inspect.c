@@ -5,6 +5,7 @@
  * text view is printed from that document, so `--json` and the text always say the same thing.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -364,9 +365,22 @@ static cJSON *build_report(const tr_gguf *g, const char *path) {
 /* ---------------------------------------------------------------------------------------------- */
 /* text rendering of the report                                                                   */
 
+/* Strings from the file (key and tensor names, the architecture, tokenizer names) go to a
+ * terminal: control characters are shown escaped, never sent (see cli_print_escaped). A few
+ * rotating buffers, so several can appear in one printf. */
+static const char *esc(const char *s) {
+    static char bufs[4][512];
+    static int next;
+    char *b = bufs[next++ % 4];
+    char *e = cli_escape(s, strlen(s), 200);
+    snprintf(b, sizeof bufs[0], "%s", e ? e : "?");
+    free(e);
+    return b;
+}
+
 static const char *jstr(const cJSON *o, const char *k) {
     const char *s = cJSON_GetStringValue(cJSON_GetObjectItem(o, k));
-    return s ? s : "";
+    return s ? esc(s) : "";
 }
 
 static void print_value(const cJSON *v) {
@@ -410,7 +424,7 @@ static void print_value(const cJSON *v) {
 static void print_kv_section(const cJSON *sec) {
     const cJSON *e;
     cJSON_ArrayForEach(e, sec) {
-        printf("  %-44s %-7s ", e->string, jstr(e, "type"));
+        printf("  %-44s %-7s ", esc(e->string), jstr(e, "type"));
         print_value(cJSON_GetObjectItem(e, "value"));
         putchar('\n');
     }
@@ -464,8 +478,8 @@ static void print_report(const cJSON *doc) {
         const cJSON *e;
         cJSON_ArrayForEach(e, cJSON_GetObjectItem(tk, "special")) {
             printf("  %-11s %-8.0f '", e->string, jnum(e, "id"));
-            const char *t = jstr(e, "text");
-            cli_print_escaped(stdout, t, strlen(t), 60);
+            const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(e, "text"));
+            if (t) cli_print_escaped(stdout, t, strlen(t), 60);
             printf("'\n");
         }
         static const char *flags[] = {"add_bos_token", "add_eos_token", "add_space_prefix",
@@ -597,8 +611,9 @@ int cmd_inspect(int argc, char **argv) {
         print_report(doc);
     }
     cJSON_Delete(doc);
+    errno = 0;
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        cli_error("writing the report failed");
+        cli_error("writing the report failed: %s", strerror(errno ? errno : EIO));
         return CLI_EXIT_ERROR;
     }
     return 0;

@@ -8,11 +8,10 @@
  * (top-1 minus top-2 logit at each step). Used by the parity scripts to compare with llama.cpp on
  * the same file and tokens.
  */
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "common.h"
 
 static int parse_tokens(const char *s, int32_t **out, int32_t *n) {
     size_t cap = 64, k = 0;
@@ -43,99 +42,53 @@ static int parse_tokens(const char *s, int32_t **out, int32_t *n) {
     return k > 0;
 }
 
+static void logits_usage(FILE *f) {
+    fprintf(f, "usage: terrace logits -m MODEL.gguf --tokens ID,ID,... [--out FILE | --top1 FILE]\n"
+               "                      [--greedy N] [options]\n\n"
+               "  --tokens ID,...   the token ids to evaluate\n"
+               "  --out FILE        every position's logits, raw little-endian f32 [n][n_vocab]\n"
+               "  --top1 FILE       only each position's argmax (int32)\n"
+               "  --greedy N        continue greedily for N tokens; print tokens and margins\n\n");
+    gen_print_common_flags(f);
+}
+
 int cmd_logits(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'}, {"tokens", required_argument, NULL, 'k'},
-        {"out", required_argument, NULL, 'o'},   {"threads", required_argument, NULL, 't'},
-        {"batch-size", required_argument, NULL, 'b'}, {"no-mmap", no_argument, NULL, 'n'},
-        {"ctx-size", required_argument, NULL, 'c'},   {"greedy", required_argument, NULL, 'g'},
-        {"experts", required_argument, NULL, 'E'},    {"expert-cache", required_argument, NULL, 'C'},
-        {"expert-policy", required_argument, NULL, 'P'},
-        {"kv-policy", required_argument, NULL, 'K'},  {"kv-alpha", required_argument, NULL, 'A'},
-        {"kv-hot", required_argument, NULL, 'H'},     {"kv-cold", required_argument, NULL, 'D'},
-        {"kv-sink", required_argument, NULL, 'S'},    {"kv-window", required_argument, NULL, 'W'},
-        {"kv-score-bits", required_argument, NULL, 'B'},
-        {"kv-tail", required_argument, NULL, 0x100 + 1},
-        {"kv-tail-min", required_argument, NULL, 0x100 + 2},
-        {"csd-socket", required_argument, NULL, 0x100 + 3},
-        {"kv-spec", no_argument, NULL, 0x100 + 4},
-        {"kv-bkp", required_argument, NULL, 'O'},
-        {"csd", no_argument, NULL, 'Q'},
-        {"kv-beta", required_argument, NULL, 'J'},
-        {"kv-host-keys", required_argument, NULL, 0x105},
-        {"top1", required_argument, NULL, 'T'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *model = NULL, *tokens_arg = NULL, *out_path = NULL, *top1_path = NULL;
-    long threads = 0, batch = 0, ctx = 0, greedy = -1, host_keys = 0;
-    bool no_mmap = false, experts_mmap = false;
-    unsigned long long expert_cache = 0;
-    const char *expert_policy = NULL;
-    tr_session_params sp = tr_session_default_params();
-    tr_error perr = {0};
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "m:o:t:b:c:", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 'k': tokens_arg = optarg; break;
-        case 'o': out_path = optarg; break;
-        case 't': if (!cli_parse_int("-t", optarg, 1, 1024, &threads)) return CLI_EXIT_USAGE; break;
-        case 'b': if (!cli_parse_int("-b", optarg, 1, 1 << 20, &batch)) return CLI_EXIT_USAGE; break;
-        case 'c': if (!cli_parse_int("-c", optarg, 1, 1 << 24, &ctx)) return CLI_EXIT_USAGE; break;
-        case 'n': no_mmap = true; break;
-        case 'E': experts_mmap = !strcmp(optarg, "mmap"); break;
-        case 'C':
-            if (!strcmp(optarg, "min")) expert_cache = TR_EXPERT_CACHE_MIN;
-            else if (strcmp(optarg, "auto") && !cli_parse_size("--expert-cache", optarg, &expert_cache))
-                return CLI_EXIT_USAGE;
-            break;
-        case 'P': expert_policy = optarg; break;
-        case 'K':
-            if (tr_kv_policy_parse(optarg, &sp.kv.policy, &perr)) {
-                cli_error("--kv-policy: %s", perr.msg);
-                return CLI_EXIT_USAGE;
-            }
-            break;
-        case 'T': top1_path = optarg; break;
-        case 'A': sp.kv.alpha = (float)atof(optarg); break;
-        case 'H': {
-            unsigned long long b;
-            if (!cli_parse_size("--kv-hot", optarg, &b)) return CLI_EXIT_USAGE;
-            sp.kv.hot_bytes = b;
-            break;
+    /* this command's own flags are taken out here; the model, threads, batch, context, expert and
+     * KV flags are the other commands' (gen_parse), so that each is defined once */
+    const char *tokens_arg = NULL, *out_path = NULL, *top1_path = NULL, *greedy_arg = NULL;
+    char **rest = malloc((size_t)(argc + 1) * sizeof *rest);
+    if (!rest) {
+        cli_error("logits: out of memory");
+        return CLI_EXIT_ERROR;
+    }
+    int nrest = 0;
+    rest[nrest++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char **dst = !strcmp(argv[i], "--tokens") ? &tokens_arg
+                           : !strcmp(argv[i], "--out") || !strcmp(argv[i], "-o") ? &out_path
+                           : !strcmp(argv[i], "--top1")                           ? &top1_path
+                           : !strcmp(argv[i], "--greedy")                         ? &greedy_arg
+                                                                                   : NULL;
+        if (!dst) {
+            rest[nrest++] = argv[i];
+            continue;
         }
-        case 'D': sp.kv.cold_dir = optarg; break;
-        case 'S': sp.kv.n_sink = atoi(optarg); break;
-        case 'W': sp.kv.n_window = atoi(optarg); break;
-        case 'B': sp.kv.score_bits = atoi(optarg); break;
-        case 0x101: sp.kv.tail_bits = atoi(optarg); break;
-        case 0x102: sp.kv.tail_min = (float)atof(optarg); break;
-        case 0x103:
-            sp.kv.csd = true;
-            sp.kv.csd_socket = optarg;
-            break;
-        case 0x104: sp.kv.spec = true; break;
-        case 'O':
-            if (tr_kv_bkp_parse(optarg, &sp.kv.bkp, &perr)) {
-                cli_error("%s", perr.msg);
-                return CLI_EXIT_USAGE;
-            }
-            break;
-        case 'Q': sp.kv.csd = true; break;
-        case 'J': sp.kv.research.beta = (float)atof(optarg); break;
-        case 0x105:
-            if (!cli_parse_int("--kv-host-keys", optarg, 1, 1 << 24, &host_keys))
-                return CLI_EXIT_USAGE;
-            sp.kv.host_keys = (int32_t)host_keys;
-            break;
-        case 'g': if (!cli_parse_int("--greedy", optarg, 0, 1 << 20, &greedy)) return CLI_EXIT_USAGE; break;
-        default:
-            cli_error("logits: unknown or incomplete option '%s'", argv[optind - 1]);
+        if (i + 1 >= argc) {
+            cli_error("logits: option %s needs a value", argv[i]);
+            free(rest);
             return CLI_EXIT_USAGE;
         }
+        *dst = argv[++i];
     }
+    rest[nrest] = NULL;
+    gen_opts o;
+    const bool parsed = gen_parse(nrest, rest, &o, "logits", logits_usage);
+    free(rest);
+    if (!parsed) return CLI_EXIT_USAGE;
+    long greedy = -1;
+    if (greedy_arg && !cli_parse_int("--greedy", greedy_arg, 0, 1 << 20, &greedy))
+        return CLI_EXIT_USAGE;
+    const char *model = o.model;
     if (!model || !tokens_arg) {
         cli_error("usage: terrace logits -m MODEL.gguf --tokens ID,ID,... [--out FILE] [-t N] [-b N]");
         return CLI_EXIT_USAGE;
@@ -147,18 +100,24 @@ int cmd_logits(int argc, char **argv) {
     }
     tr_error err = {0};
     tr_model_params mp = tr_model_default_params();
-    mp.n_threads = (int)threads;
-    mp.no_mmap = no_mmap;
-    mp.experts = experts_mmap ? TR_EXPERTS_MMAP : TR_EXPERTS_CACHE;
-    mp.expert_cache_bytes = expert_cache;
-    mp.expert_policy = expert_policy;
+    mp.n_threads = o.n_threads;
+    mp.no_mmap = o.no_mmap;
+    mp.experts = o.experts_mmap ? TR_EXPERTS_MMAP : TR_EXPERTS_CACHE;
+    mp.expert_cache_bytes = o.expert_cache;
+    mp.mem_budget_bytes = o.mem_budget;
+    mp.expert_policy = o.expert_policy;
+    mp.expert_prefetch = o.expert_prefetch;
+    if (o.io_threads) mp.io_threads = o.io_threads;
     tr_model *m = NULL;
     tr_session *s = NULL;
     float *logits = NULL;
     int rc = CLI_EXIT_ERROR;
     if (tr_model_load(model, &mp, &m, &err)) goto out;
-    sp.n_ctx = ctx ? (int32_t)ctx : n + (greedy > 0 ? (int32_t)greedy : 0);
-    sp.n_batch = batch ? (int32_t)batch : 512;
+    tr_session_params sp = session_params(&o);
+    /* every position's logits as decoding would compute them there (its own selection) */
+    sp.kv.prefill_select = true;
+    sp.n_ctx = o.n_ctx ? o.n_ctx : n + (greedy > 0 ? (int32_t)greedy : 0);
+    sp.n_batch = o.n_batch ? o.n_batch : 512;
     if (tr_session_create(m, &sp, &s, &err)) goto out;
     const int32_t nv = tr_model_n_vocab(m);
     logits = malloc((size_t)n * nv * sizeof *logits);

@@ -1,4 +1,6 @@
 /* terrace CLI entry point: dispatches to a command. */
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,7 +45,20 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-        if (!strcmp(cmd, k_commands[i].name)) return k_commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(cmd, k_commands[i].name)) {
+            int rc = k_commands[i].fn(argc - 1, argv + 1);
+            /* what a command printed is only written once stdout is flushed and closed: a full
+             * disk or a closed pipe is an error, not a success with lost output */
+            errno = 0;
+            const bool bad = fflush(stdout) != 0 || ferror(stdout);
+            const int e = errno;
+            if ((fclose(stdout) != 0 || bad) && rc == 0) {
+                cli_error("%s: cannot write to standard output: %s", cmd,
+                          strerror(e ? e : errno ? errno : EIO));
+                rc = CLI_EXIT_ERROR;
+            }
+            return rc;
+        }
     cli_error("unknown command '%s'", cmd);
     usage(stderr);
     return CLI_EXIT_USAGE;

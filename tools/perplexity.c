@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "common.h"
 
 static void ppl_usage(FILE *f) {
@@ -35,10 +36,7 @@ int cmd_perplexity(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     }
     size_t len = 0;
-    char *text = o.prompt_file ? read_file(o.prompt_file, &len) : strdup(o.prompt);
-    if (!text) return CLI_EXIT_ERROR;
-    if (!o.prompt_file) len = strlen(text);
-
+    char *text = NULL;
     int rc = CLI_EXIT_ERROR;
     loaded ld;
     memset(&ld, 0, sizeof ld);
@@ -46,7 +44,28 @@ int cmd_perplexity(int argc, char **argv) {
     float *logits = NULL;
     int32_t *toks = NULL;
     tr_error err = {0};
-    if (!load_model(&o, &ld)) goto out;
+    if (!load_model(&o, &ld)) {
+        if (ld.usage_error) rc = CLI_EXIT_USAGE;
+        goto out;
+    }
+    {
+        const int32_t c = o.n_ctx > 0 ? o.n_ctx
+                          : (tr_model_n_ctx_train(ld.model) < 4096 ? tr_model_n_ctx_train(ld.model)
+                                                                   : 4096);
+        /* with --chunks only so many contexts are scored: more text than they can hold is an
+         * error; without, the whole file is the text (up to read_file's bound) */
+        char why[96];
+        snprintf(why, sizeof why, "%d chunks of %d tokens can hold (raise --chunks or -c)",
+                 o.n_chunks, c);
+        text = !o.prompt_file ? strdup(o.prompt)
+               : o.n_chunks > 0
+                   ? read_file_max(o.prompt_file,
+                                   text_bound(ld.tok, ((size_t)o.n_chunks + 1) * (size_t)c), why,
+                                   &len)
+                   : read_file(o.prompt_file, &len);
+        if (!text) goto out;
+        if (!o.prompt_file) len = strlen(text);
+    }
     const double t_tok = now_ms();
     size_t n_tok = 0;
     if (!(toks = tokenize_alloc(ld.tok, text, len, true, false, &n_tok))) goto out;
@@ -60,12 +79,15 @@ int cmd_perplexity(int argc, char **argv) {
         goto out;
     }
     tr_session_params sp = session_params(&o);
+    /* teacher-forced: every position is scored with the selection decoding would make there */
+    sp.kv.prefill_select = true;
     sp.n_ctx = n_ctx;
     sp.n_batch = o.n_batch > 0 ? (o.n_batch < n_ctx ? o.n_batch : n_ctx) : (n_ctx < 512 ? n_ctx : 512);
     if (tr_session_create(ld.model, &sp, &s, &err)) {
         cli_error("%s", err.msg);
         goto out;
     }
+    warn_context(&ld, s);
     const int32_t n_vocab = tr_model_n_vocab(ld.model), n_batch = sp.n_batch;
     if (!(logits = malloc(sizeof(float) * (size_t)n_batch * n_vocab))) {
         cli_error("out of memory for %d x %d logits", n_batch, n_vocab);
@@ -121,6 +143,7 @@ int cmd_perplexity(int argc, char **argv) {
             n_chunk, n_ctx, (now_ms() - t0) / 1e3,
             (double)(n_chunk * (size_t)n_ctx) / ((now_ms() - t0) / 1e3), peak_rss_mib());
     print_kv_stats(stderr, s, "perplexity: ");
+    if (!close_outputs(&ld)) goto out;
     rc = 0;
 out:
     free(logits);

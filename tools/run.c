@@ -3,9 +3,11 @@
  * load time, TTFT, prefill and decode speed, and peak memory (on stderr, so stdout is only the
  * text).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "generate.h"
 
 static void run_usage(FILE *f) {
@@ -15,10 +17,9 @@ static void run_usage(FILE *f) {
     gen_print_common_flags(f);
 }
 
-static void to_stdout(void *user, const char *s, size_t n) {
+static bool to_stdout(void *user, const char *s, size_t n) {
     (void)user;
-    fwrite(s, 1, n, stdout);
-    fflush(stdout);
+    return out_write(s, n);
 }
 
 int cmd_run(int argc, char **argv) {
@@ -27,15 +28,11 @@ int cmd_run(int argc, char **argv) {
     char *file_text = NULL;
     size_t plen = 0;
     const char *prompt = o.prompt;
-    if (o.prompt_file) {
-        if (o.prompt) {
-            cli_error("run: give the prompt with -p or -f, not both");
-            return CLI_EXIT_USAGE;
-        }
-        if (!(file_text = read_file(o.prompt_file, &plen))) return CLI_EXIT_ERROR;
-        prompt = file_text;
+    if (o.prompt_file && o.prompt) {
+        cli_error("run: give the prompt with -p or -f, not both");
+        return CLI_EXIT_USAGE;
     }
-    if (!prompt) {
+    if (!o.prompt && !o.prompt_file) {
         cli_error("run: no prompt (-p TEXT or -f FILE)");
         return CLI_EXIT_USAGE;
     }
@@ -47,11 +44,29 @@ int cmd_run(int argc, char **argv) {
     tr_sampler *smp = NULL;
     float *logits = NULL;
     int32_t *toks = NULL;
+    char *chat_text = NULL;
     gen_state g = {.sink = to_stdout};
     telem tm = {0};
     tr_error err = {0};
-    char *chat_text = NULL;
-    if (!load_model(&o, &ld)) goto out;
+    if (!load_model(&o, &ld)) {
+        if (ld.usage_error) rc = CLI_EXIT_USAGE;
+        goto out;
+    }
+    tr_session_params sp = session_params(&o);
+    if (tr_session_create(ld.model, &sp, &s, &err)) {
+        cli_error("%s", err.msg);
+        goto out;
+    }
+    warn_context(&ld, s);
+    if (o.prompt_file) {
+        /* no more than the context can hold: a file that cannot fit is an error, not an OOM */
+        char why[96];
+        snprintf(why, sizeof why, "a context of %d tokens can hold (raise -c)",
+                 tr_session_n_ctx(s));
+        const size_t max = text_bound(ld.tok, (size_t)tr_session_n_ctx(s));
+        if (!(file_text = read_file_max(o.prompt_file, max, why, &plen))) goto out;
+        prompt = file_text;
+    }
     if (!telem_open(&tm, o.telemetry, ld.model)) goto out;
     g.tm = &tm;
     bool add_bos = true;
@@ -82,11 +97,6 @@ int cmd_run(int argc, char **argv) {
         cli_error("run: the prompt is empty after tokenization");
         goto out;
     }
-    tr_session_params sp = session_params(&o);
-    if (tr_session_create(ld.model, &sp, &s, &err)) {
-        cli_error("%s", err.msg);
-        goto out;
-    }
     tm.sess = s;
     /* Ctrl-C stops the generation (also in the middle of a long prefill); the text so far and
      * the summary are still printed */
@@ -112,13 +122,18 @@ int cmd_run(int argc, char **argv) {
         cli_error("out of memory");
         goto out;
     }
-    if (!o.no_display_prompt) to_stdout(NULL, prompt, plen);
+    if (!o.no_display_prompt && !to_stdout(NULL, prompt, plen)) {
+        cli_error("cannot write to standard output: %s", strerror(errno));
+        goto out;
+    }
     for (size_t i = 0; i < n_tok; i++) tr_sampler_accept(smp, toks[i]);
     if (!gen_prefill(&g, s, toks, n_tok, logits) && !g.interrupted) goto out;
     if (!g.interrupted && !gen_run(&g, &o, &ld, s, smp, logits)) goto out;
-    telem_close(&tm);
-    fputc('\n', stdout);
-    fflush(stdout);
+    if (!telem_close(&tm) || !close_outputs(&ld)) goto out;
+    if (!out_write("\n", 1)) {
+        cli_error("cannot write to standard output: %s", strerror(errno));
+        goto out;
+    }
     gen_summary(&g, &ld, s);
     rc = g.interrupted ? CLI_EXIT_INTERRUPT : 0;
 out:

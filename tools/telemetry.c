@@ -7,6 +7,7 @@
  */
 #include "telemetry.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +21,10 @@ bool telem_open(telem *t, const char *path, tr_model *m) {
     t->model = m;
     t->t0 = now_ms();
     if (path) {
+        t->path = path;
         t->f = fopen(path, "w");
         if (!t->f) {
-            cli_error("cannot write the telemetry file %s", path);
+            cli_error("cannot write the telemetry file %s: %s", path, strerror(errno));
             return false;
         }
     }
@@ -55,7 +57,8 @@ static void put_status(telem *t, const char *s) {
     fflush(stderr);
 }
 
-void telem_close(telem *t) {
+bool telem_close(telem *t) {
+    bool ok = true;
     if (t->status) {
         if (t->rows) {
             fflush(stdout);
@@ -65,13 +68,22 @@ void telem_close(telem *t) {
         }
         fflush(stderr);
     }
-    if (t->f) fclose(t->f);
+    if (t->f) {
+        errno = 0;
+        const bool bad = ferror(t->f);
+        if (fclose(t->f) != 0 || bad) {
+            cli_error("cannot write the telemetry file %s: %s", t->path,
+                      strerror(errno ? errno : EIO));
+            ok = false;
+        }
+    }
     t->f = NULL;
     t->status = false;
     t->rows = 0;
+    return ok;
 }
 
-void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const gen_sink_info *info) {
+bool telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const gen_sink_info *info) {
     const double now = now_ms();
     /* decode rate over the last second (a ring of recent token times) */
     t->times[t->n_times % TELEM_WINDOW] = now;
@@ -97,6 +109,7 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
     const uint64_t lookups = st.expert_hits + st.expert_misses;
     const double hit = lookups ? (double)st.expert_hits / (double)lookups : 0.0;
     if (t->f) {
+        errno = 0; /* whichever write of the line fails first sets it */
         fprintf(t->f,
                 "{\"token\": %d, \"id\": %d, \"t_ms\": %.3f, \"tok_s\": %.3f, \"ttft_ms\": %.3f, "
                 "\"rss_mb\": %.1f, \"hit_rate\": %.5f, \"expert_hits\": %llu, \"expert_misses\": %llu, "
@@ -119,9 +132,15 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
             fprintf(t->f, ", %s", buf);
         }
         if (info && info->extra) fprintf(t->f, ", %s", info->extra);
-        fputs("}\n", t->f);
+        if (fputs("}\n", t->f) == EOF || ferror(t->f)) {
+            cli_error("cannot write the telemetry file %s: %s", t->path,
+                      strerror(errno ? errno : EIO));
+            fclose(t->f); /* the error is reported; close does not report it again */
+            t->f = NULL;
+            return false;
+        }
     }
-    if (!t->status || now - t->last_status < 250.0) return;
+    if (!t->status || now - t->last_status < 250.0) return true;
     t->last_status = now;
     t->shown = true;
     char line[256];
@@ -138,4 +157,5 @@ void telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
     }
     snprintf(line + o, sizeof line - (size_t)o, " | majflt %ld", ru.ru_majflt);
     put_status(t, line);
+    return true;
 }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/mapguard.h"
 #include "gguf/gguf_internal.h"
 
 #define GGUF_MAGIC 0x46554747u /* "GGUF" as a little-endian u32 */
@@ -613,21 +614,34 @@ static tr_status check_tensors(tr_gguf *g, tr_error *err) {
 /* ---------------------------------------------------------------------------------------------- */
 /* opening, split files                                                                           */
 
+static tr_status not_a_file(const char *path, mode_t mode, tr_error *err) {
+    if (S_ISDIR(mode)) return tr_fail(err, TR_E_IO, "%s: is a directory", path);
+    const char *what = S_ISFIFO(mode)  ? "a FIFO (named pipe)"
+                       : S_ISCHR(mode) ? "a character device"
+                       : S_ISBLK(mode) ? "a block device"
+                       : S_ISSOCK(mode) ? "a socket"
+                                        : "not a regular file";
+    return tr_fail(err, TR_E_IO, "%s: is %s; GGUF models must be regular files", path, what);
+}
+
 static tr_status open_shard(tr_gguf_shard *sh, const char *path, tr_error *err) {
     sh->fd = -1;
     sh->path = strdup(path);
     if (!sh->path) return tr_fail(err, TR_E_NOMEM, "out of memory");
+    /* a FIFO or a device is refused before open(), which would block on a FIFO without a
+     * writer; O_NONBLOCK covers a path replaced by one between the stat and the open */
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return not_a_file(path, st.st_mode, err);
     int fd;
-    do fd = open(path, O_RDONLY | O_CLOEXEC);
+    do fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     while (fd < 0 && errno == EINTR);
     if (fd < 0) return tr_fail(err, TR_E_IO, "%s: cannot open: %s", path, strerror(errno));
     sh->fd = fd;
-    struct stat st;
     if (fstat(fd, &st) != 0)
         return tr_fail(err, TR_E_IO, "%s: cannot stat: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) return tr_fail(err, TR_E_IO, "%s: is a directory", path);
-    if (!S_ISREG(st.st_mode))
-        return tr_fail(err, TR_E_IO, "%s: not a regular file (GGUF models must be files)", path);
+    if (!S_ISREG(st.st_mode)) return not_a_file(path, st.st_mode, err);
+    const int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     sh->size = (uint64_t)st.st_size;
     return TR_OK;
 }
@@ -660,6 +674,7 @@ static void free_gguf(tr_gguf *g) {
     if (!g) return;
     for (uint32_t i = 0; i < g->n_shards; i++) {
         tr_gguf_shard *sh = &g->shards[i];
+        tr_mapguard_remove(sh->guard);
         if (sh->map) munmap(sh->map, sh->size);
         if (sh->fd >= 0) close(sh->fd);
         free(sh->path);
@@ -748,9 +763,14 @@ tr_status tr_gguf_open(const char *path, tr_gguf **out, tr_error *err) {
             s = add_shard(g, buf, false, err);
             if (s) break;
             const tr_gguf_shard *sh = &g->shards[g->n_shards - 1];
-            if (sh->split_no != k || sh->split_count != count)
+            if (sh->split_no < 0 || sh->split_count < 0)
                 s = tr_fail(err, TR_E_FORMAT,
-                            "%s: shard metadata says split.no %" PRId64 " of %" PRId64
+                            "%s: shard %" PRId64 " of %" PRId64 " has no %s key: not a shard of "
+                            "this split model",
+                            buf, k + 1, count, sh->split_no < 0 ? "split.no" : "split.count");
+            else if (sh->split_no != k || sh->split_count != count)
+                s = tr_fail(err, TR_E_FORMAT,
+                            "%s: shard metadata says split.no %" PRId64 " of split.count %" PRId64
                             ", expected %" PRId64 " of %" PRId64,
                             buf, sh->split_no, sh->split_count, k, count);
         }
@@ -914,6 +934,20 @@ tr_status tr_gguf_map(tr_gguf *g, tr_error *err) {
             return tr_fail(err, TR_E_IO, "%s: cannot map %" PRIu64 " bytes: %s", sh->path,
                            sh->size, strerror(errno));
         sh->map = p;
+        sh->guard = tr_mapguard_add(p, sh->size);
+    }
+    return TR_OK;
+}
+
+tr_status tr_gguf_mapping_check(const tr_gguf *g, tr_error *err) {
+    for (uint32_t i = 0; i < g->n_shards; i++) {
+        uint64_t off;
+        if (tr_mapguard_faulted(g->shards[i].guard, &off))
+            return tr_fail(err, TR_E_IO,
+                           "%s: the file changed or was truncated while in use: its data at byte "
+                           "%" PRIu64 " can no longer be read (it was %" PRIu64 " bytes when "
+                           "opened); the request was stopped, reload the model",
+                           g->shards[i].path, off, g->shards[i].size);
     }
     return TR_OK;
 }

@@ -37,6 +37,7 @@ typedef struct tr_gguf_shard {
     int64_t n_tensors;
     int64_t split_no, split_count, split_tensors; /* -1 when absent */
     void *map;
+    struct tr_mapguard *guard; /* SIGBUS guard of map (core/mapguard.h), NULL if none */
 } tr_gguf_shard;
 
 typedef struct tr_index {

@@ -237,7 +237,8 @@ tr_status tr_kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, tr_kv_pla
     if (p->spec) d += 2 * n_ctx * (4 + 1);                        /* two layers' lists */
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
     d += (uint64_t)o->n_scratch * (ws * 6 + (uint64_t)s->head_dim_k * 2);
-    d += TR_KV_ROW_BLOCK * (nh * 12 + 8);               /* softmax state, ranges */
+    o->row_block = p->max_rows > TR_KV_ROW_BLOCK ? p->max_rows : TR_KV_ROW_BLOCK;
+    d += (uint64_t)o->row_block * (nh * 12 + 8);        /* softmax state, ranges */
     if (o->cold) d += TR_KV_GATHERS * ws * (sizeof(tr_io_job) + 4); /* gather jobs */
     d += rec;
     o->dram = d;
@@ -491,13 +492,15 @@ int tr_kv_stats_format(const tr_kv_stats *st, tr_kv_stats_style style, const cha
              ", \"kv_agent_row_bytes\": %" PRIu64 ", \"kv_beta\": %.4f, \"kv_beta_split\": %.4f, "
              "\"kv_f_c\": %.0f, \"kv_f_s\": %.0f, \"kv_b_c\": %.0f, \"kv_b_s\": %.0f, "
              "\"kv_tail_share\": %.5f, \"kv_tail_kept\": %.5f, \"kv_spec_rows\": %" PRIu64
-             ", \"kv_spec_early\": %" PRIu64 ", \"kv_spec_cos\": %.4f, \"kv_sel_repeat\": %.4f",
+             ", \"kv_spec_early\": %" PRIu64 ", \"kv_spec_cos\": %.4f, \"kv_sel_repeat\": %.4f"
+             ", \"kv_prefill_chunks\": %" PRIu64 ", \"kv_prefill_bytes_read\": %" PRIu64
+             ", \"kv_prefill_read_bound\": %" PRIu64,
              tr_kv_policy_name(st->policy), st->tokens, st->hot_bytes, st->cold_bytes,
              st->selected, st->bytes_read, (double)st->score_ns / 1e6, (double)st->attn_ns / 1e6,
              st->promotions, st->demotions, st->pingpong, st->migrated_bytes, hot_hit,
              st->csd_score_bytes, st->csd_row_bytes, st->beta, st->beta_split, st->f_c, st->f_s,
              st->b_c, st->b_s, tail_share, tail_kept, st->spec_rows, st->spec_early, spec_cos,
-             repeat);
+             repeat, st->prefill_chunks, st->prefill_bytes_read, st->prefill_read_bound);
         return o.len;
     }
     if (st->policy == TR_KV_FULL) return 0;
@@ -508,6 +511,13 @@ int tr_kv_stats_format(const tr_kv_stats *st, tr_kv_stats_style style, const cha
          pf, tr_kv_policy_name(st->policy), st->tokens, bytes_str(st->hot_bytes, b1, sizeof b1),
          bytes_str(st->cold_bytes, b2, sizeof b2), bytes_str(st->bytes_read, b3, sizeof b3),
          (double)st->score_ns / 1e6, (double)st->attn_ns / 1e6, st->selected);
+    if (st->prefill_chunks && st->cold_bytes)
+        emit(&o,
+             "%skv prefill   %" PRIu64 " chunks attended exactly, read %s from storage (at most "
+             "%s: each chunk reads each cold page once); the other steps read %s\n",
+             pf, st->prefill_chunks, bytes_str(st->prefill_bytes_read, b1, sizeof b1),
+             bytes_str(st->prefill_read_bound, b2, sizeof b2),
+             bytes_str(st->bytes_read - st->prefill_bytes_read, b3, sizeof b3));
     if (st->sel_hot + st->sel_cold)
         emit(&o,
              "%skv pools     selected tokens found hot %.1f %%, selected by the step before too "

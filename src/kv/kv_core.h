@@ -25,8 +25,9 @@
 #include "kv/score.h"
 #include "tensor/kernels.h"
 
-/* rows whose online-softmax state one attend pass keeps (bigger calls go in blocks); also the
- * rows of a call the host's key ring is sized for when max_rows is 0 */
+/* rows whose online-softmax state one attend pass keeps at least (a call of more rows than the
+ * plan's row_block goes in blocks); also the rows of a call the host's key ring is sized for when
+ * max_rows is 0 */
 #define TR_KV_ROW_BLOCK 512
 
 typedef struct tr_kv_ops {
@@ -52,6 +53,9 @@ struct tr_kv {
 typedef struct tr_kv_plan {
     size_t krec, rec;            /* bytes of one token's K (all KV heads), and of K + V */
     int32_t hot_slots, n_pages, ws_cap, n_scratch;
+    /* rows one attend pass keeps state for: a whole batch (max_rows), so that a prefill chunk
+     * reads its list once */
+    int32_t row_block;
     bool cold, aligned;          /* a cold pool; records of whole 4 KiB blocks (O_DIRECT) */
     /* tiered: the key copy (blocks of 32 channels), the host's ring of it, the value copy */
     tr_type qtype, vtype;

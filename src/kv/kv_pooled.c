@@ -24,6 +24,9 @@ tr_status tr_kv_pooled_init(tr_kv *kv, tr_kv_pooled *P, const tr_kv_plan *pl,
     const tr_kv_params *p = &kv->params;
     P->ops = ops;
     P->selective = p->policy != TR_KV_OFFLOAD && p->alpha < 1.0f;
+    /* h2o's eviction is permanent and fed by every row's attention: it selects in prefill too */
+    P->exact_rows = !p->prefill_select && p->policy != TR_KV_H2O;
+    P->row_block = pl->row_block;
     P->halves = p->spec;
     /* with the agent, joined reads would send the records between the runs over the link: it
      * joins them in its own memory instead */
@@ -48,10 +51,11 @@ tr_status tr_kv_pooled_init(tr_kv *kv, tr_kv_pooled *P, const tr_kv_plan *pl,
     ALLOC(P->th_s, (size_t)pl->n_scratch * (size_t)pl->ws_cap * 4, 64);
     ALLOC(P->th_p, (size_t)pl->n_scratch * (size_t)pl->ws_cap * 2, 64);
     ALLOC(P->th_q, (size_t)pl->n_scratch * hdk * 2, 64);
-    ALLOC(P->st_m, TR_KV_ROW_BLOCK * nh * 4, 0);
-    ALLOC(P->st_l, TR_KV_ROW_BLOCK * nh * 8, 0);
-    ALLOC(P->vlo, TR_KV_ROW_BLOCK * 4, 0);
-    ALLOC(P->vhi, TR_KV_ROW_BLOCK * 4, 0);
+    const size_t rb = (size_t)pl->row_block;
+    ALLOC(P->st_m, rb * nh * 4, 0);
+    ALLOC(P->st_l, rb * nh * 8, 0);
+    ALLOC(P->vlo, rb * 4, 0);
+    ALLOC(P->vhi, rb * 4, 0);
     ALLOC(P->layer_selected, (size_t)s->n_layer * 8, 0);
     ALLOC(P->sel_last_pos, (size_t)s->n_layer * 4, 0);
 #undef ALLOC
@@ -126,8 +130,9 @@ tr_status tr_kv_attend_all(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, uint6
     const tr_kv_slayer *L = &P->st.layers[q->layer];
     const tr_kv_list none = {0};
     tr_status st = TR_OK;
-    for (int32_t r0 = 0; r0 < q->rows && !st; r0 += TR_KV_ROW_BLOCK) {
-        const int32_t nr = q->rows - r0 < TR_KV_ROW_BLOCK ? q->rows - r0 : TR_KV_ROW_BLOCK;
+    const int32_t rb = P->row_block;
+    for (int32_t r0 = 0; r0 < q->rows && !st; r0 += rb) {
+        const int32_t nr = q->rows - r0 < rb ? q->rows - r0 : rb;
         int32_t lo = INT32_MAX, hi = -1;
         for (int32_t r = r0; r < r0 + nr; r++) {
             const int32_t a = tr_kv_visible_lo(q->pos[r], q->swa);
@@ -159,12 +164,23 @@ static tr_status pooled_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, t
                            q->pos[r], layer, L->len);
     const uint64_t t0 = tr_now_ns();
     uint64_t t_score = 0, selected = 0;
-    tr_status st = P->ops->attend_begin ? P->ops->attend_begin(kv, q, err) : TR_OK;
+    /* a prefill chunk (several rows of one session) attends exactly: one gather of everything
+     * visible, each cold page read at most once, as full computes it; selection is for decode */
+    const bool exact = !P->selective || (q->rows > 1 && P->exact_rows);
+    tr_status st = TR_OK;
+    if (exact && P->selective && P->ops->drain) P->ops->drain(kv); /* nothing selected ahead */
+    else if (P->ops->attend_begin) st = P->ops->attend_begin(kv, q, err);
     if (st) return st;
-    if (!P->selective)
+    const uint64_t read0 = P->st.bytes_read;
+    if (exact)
         st = tr_kv_attend_all(kv, pool, q, &selected, err);
     else
         st = P->ops->attend_selected(kv, pool, q, &selected, &t_score, err);
+    if (exact && q->rows > 1) {
+        if (layer == 0) P->prefill_chunks++;
+        P->prefill_bytes_read += P->st.bytes_read - read0;
+        if (P->st.cold) P->prefill_read_bound += (uint64_t)L->pages_written * P->st.page_bytes;
+    }
     if (P->ops->attend_end) P->ops->attend_end(kv, layer);
     P->layer_selected[layer] = selected;
     kv->steps++;
@@ -210,6 +226,9 @@ static void pooled_stats(const tr_kv *kv, tr_kv_stats *o) {
     o->sel_cold = P->sel_cold;
     o->sel_follow = P->sel_follow;
     o->sel_repeat = P->sel_repeat;
+    o->prefill_chunks = P->prefill_chunks;
+    o->prefill_bytes_read = P->prefill_bytes_read;
+    o->prefill_read_bound = P->prefill_read_bound;
     if (P->ops->stats) P->ops->stats(kv, o);
 }
 

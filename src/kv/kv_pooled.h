@@ -48,14 +48,20 @@ struct tr_kv_pooled {
     tr_kv_store st;
     const tr_kv_pooled_ops *ops;
     bool selective; /* the policy selects (h2o, quest, tiered below alpha 1) */
+    /* a call of several rows attends every visible key, in one gather (prefill chunks: the
+     * selecting policies other than h2o, without prefill_select) */
+    bool exact_rows;
+    int32_t row_block; /* rows with online-softmax state (the plan's) */
+    /* exact calls of several rows: counted at layer 0, bytes read, the cold pool at each */
+    uint64_t prefill_chunks, prefill_bytes_read, prefill_read_bound;
     /* attention over a list: per-thread scratch and per-row online-softmax state */
     int32_t n_scratch; /* threads with scratch */
     float *th_s;       /* [n_scratch][ws_cap] scores */
     uint16_t *th_p;    /* [n_scratch][ws_cap] probabilities as F16 */
     uint16_t *th_q;    /* [n_scratch][hdk] query as F16 */
-    float *st_m;       /* [ROW_BLOCK][n_head] running max */
-    double *st_l;      /* [ROW_BLOCK][n_head] running sum */
-    int32_t *vlo, *vhi; /* [ROW_BLOCK] each row's visible range within the list */
+    float *st_m;       /* [row_block][n_head] running max */
+    double *st_l;      /* [row_block][n_head] running sum */
+    int32_t *vlo, *vhi; /* [row_block] each row's visible range within the list */
     bool halves;       /* two layers' lists in the two halves of the working set (--kv-spec) */
     /* reads: joins across read_gap unselected cold tokens; pipe chunks from pipe_min tokens */
     int32_t read_gap, pipe, pipe_min;

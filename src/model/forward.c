@@ -7,6 +7,7 @@
  * sized at creation.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -49,6 +50,28 @@ static void project(tr_model *m, tr_scratch *sc, const tr_mat *W, int32_t rows, 
     matmul(m, sc, W, sc->xn, rows, sc->att);
     for (int32_t r = rows - 1; r >= 0; r--)
         memmove(y + r * stride, sc->att + r * n, (size_t)n * sizeof(float));
+}
+
+/* Corrupt weights (a NaN or Inf in a scale, a norm, an embedding row) would give garbage text
+ * or PPL = nan with success: every row of the residual stream is checked after each block, and
+ * the error names the block whose tensors produced the first non-finite value. A mapped file
+ * that shrank under us reads as zeros (core/mapguard.h) and is reported as what it is. */
+static tr_status nonfinite(const tr_model *m, tr_error *err, const char *where) {
+    tr_status s = tr_gguf_mapping_check(m->gguf, err);
+    if (s) return s;
+    return tr_fail(err, TR_E_FORMAT,
+                   "%s: non-finite values (NaN or Inf) %s: the model's weights are corrupt",
+                   tr_gguf_shard_path(m->gguf, 0), where);
+}
+
+/* rows of n values `stride` apart. The inputs of quantized matrices are checked too: the Q8
+ * activation quantizer turns a NaN into an ordinary code, so a NaN in an attention or FFN
+ * activation would otherwise come out finite (and wrong) at the next residual check */
+static bool rows_finite(const float *x, int32_t rows, int64_t n, int64_t stride) {
+    if (n == stride) return tr_all_finite(x, (int64_t)rows * n);
+    for (int32_t r = 0; r < rows; r++)
+        if (!tr_all_finite(x + (size_t)r * stride, n)) return false;
+    return true;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -224,6 +247,12 @@ static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t
 
     /* pack the per-head outputs [rows][n_head * hdv] and project */
     const int64_t no = (int64_t)L->n_head * hdv, att_stride = (int64_t)hp->n_head_max * hdv;
+    if (!rows_finite(sc->att, rows, no, att_stride)) {
+        char where[112];
+        snprintf(where, sizeof where, "in layer %d's attention (tensors blk.%d.attn_norm, attn_q, "
+                 "attn_k, attn_v)", l, l);
+        return nonfinite(m, err, where);
+    }
     if (no != att_stride)
         for (int32_t r = 1; r < rows; r++)
             memmove(sc->att + r * no, sc->att + r * att_stride, (size_t)no * sizeof(float));
@@ -234,6 +263,11 @@ static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t
         if (L->post_attn_norm) tr_rmsnorm(o, o, L->post_attn_norm, E, hp->rms_eps);
         float *x = sc->x + r * E;
         for (int64_t i = 0; i < E; i++) x[i] += o[i];
+    }
+    if (!rows_finite(sc->x, rows, E, E)) {
+        char where[96];
+        snprintf(where, sizeof where, "after layer %d's attention (tensors blk.%d.attn_*)", l, l);
+        return nonfinite(m, err, where);
     }
     return TR_OK;
 }
@@ -251,6 +285,12 @@ static tr_status ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
         matmul(m, sc, &L->ffn_up, sc->xn, rows, sc->u);
         if (m->arch->act == TR_ACT_GELU) tr_geglu(sc->g, sc->u, rows * F);
         else tr_swiglu(sc->g, sc->u, rows * F);
+        if (!rows_finite(sc->g, rows, F, F)) {
+            char where[112];
+            snprintf(where, sizeof where, "in layer %d's feed-forward (tensors blk.%d.ffn_norm, "
+                     "ffn_gate, ffn_up)", l, l);
+            return nonfinite(m, err, where);
+        }
         matmul(m, sc, &L->ffn_down, sc->g, rows, sc->o);
     }
     for (int32_t r = 0; r < rows; r++) {
@@ -258,6 +298,12 @@ static tr_status ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
         if (L->post_ffw_norm) tr_rmsnorm(o, o, L->post_ffw_norm, E, hp->rms_eps);
         float *x = sc->x + r * E;
         for (int64_t i = 0; i < E; i++) x[i] += o[i];
+    }
+    if (!rows_finite(sc->x, rows, E, E)) {
+        char where[128];
+        snprintf(where, sizeof where, "after layer %d's feed-forward (tensors blk.%d.ffn_*%s)", l,
+                 l, L->moe ? ": the experts or the shared expert" : "");
+        return nonfinite(m, err, where);
     }
     return TR_OK;
 }
@@ -277,15 +323,23 @@ tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *t
         embd_row((const char *)m->tok_embd.data + (size_t)tokens[r] * m->tok_embd.row_bytes, x, E);
         if (hp->embd_scale != 1.0f)
             for (int64_t i = 0; i < E; i++) x[i] *= hp->embd_scale;
+        if (!tr_all_finite(x, E)) {
+            char where[96];
+            snprintf(where, sizeof where, "in row %d of token_embd.weight (the embedding of "
+                     "token %d)", tokens[r], tokens[r]);
+            return nonfinite(m, err, where);
+        }
     }
     for (int32_t l = 0; l < hp->n_layer; l++) {
         tr_status s = attention_block(m, sc, l, rows, err);
         if (!s) s = ffn_block(m, sc, l, rows, err);
         if (s) return s;
     }
-    if (logits_rows <= 0) return TR_OK;
+    if (logits_rows <= 0) return tr_gguf_mapping_check(m->gguf, err);
     const int32_t first = rows - logits_rows;
     norm_rows(m, sc->xn, sc->x + (size_t)first * E, m->output_norm, m->output_norm_b, logits_rows);
+    if (!rows_finite(sc->xn, logits_rows, E, E))
+        return nonfinite(m, err, "after the output norm (output_norm.weight)");
     matmul(m, sc, &m->output, sc->xn, logits_rows, logits);
     add_bias(logits, m->output_b, logits_rows, hp->n_vocab, hp->n_vocab);
     if (hp->final_logit_softcap > 0.0f) {
@@ -293,5 +347,10 @@ tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *t
         for (int64_t i = 0; i < (int64_t)logits_rows * hp->n_vocab; i++)
             logits[i] = c * tanhf(logits[i] / c);
     }
-    return TR_OK;
+    if (!rows_finite(logits, logits_rows, hp->n_vocab, hp->n_vocab))
+        return nonfinite(m, err, m->output.data == m->tok_embd.data
+                                     ? "in the logits (token_embd.weight, the tied output)"
+                                     : "in the logits (output.weight)");
+    /* a mapping that faulted reads zeros, which are finite: the last word is the guard's */
+    return tr_gguf_mapping_check(m->gguf, err);
 }

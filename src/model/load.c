@@ -161,21 +161,39 @@ static tr_status load_hparams(tr_model *m, int32_t *n_head, int32_t *n_head_kv, 
         if (n_ff[l] <= 0)
             return tr_fail(err, TR_E_FORMAT, "missing or zero %s.feed_forward_length (layer %d)",
                            m->arch_name, l);
+    /* head dimensions: the keys when present, else n_embd / n_head; messages name where a value
+     * came from, so they never name a key the file does not have */
     const int64_t hd_default = hp->n_embd / hp->n_head_max;
-    hp->head_dim_k = (int32_t)hd_default;
-    hp->head_dim_v = (int32_t)hd_default;
-    if (tr_model_key_int(m, "attention.key_length", &v)) hp->head_dim_k = (int32_t)v;
-    if (tr_model_key_int(m, "attention.value_length", &v)) hp->head_dim_v = (int32_t)v;
-    if (hp->head_dim_k <= 0 || hp->head_dim_v <= 0 || hp->head_dim_k > 4096 ||
-        hp->head_dim_v > 4096)
-        return tr_fail(err, TR_E_FORMAT, "head dimension %d/%d is out of range", hp->head_dim_k,
-                       hp->head_dim_v);
-    hp->n_rot = hp->head_dim_k;
-    if (tr_model_key_int(m, "rope.dimension_count", &v)) hp->n_rot = (int32_t)v;
-    if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim_k || hp->n_rot % 2)
+    char src_k[256], src_v[256];
+    snprintf(src_k, sizeof src_k, "%s.embedding_length / %s.attention.head_count = %d / %d",
+             m->arch_name, m->arch_name, hp->n_embd, hp->n_head_max);
+    snprintf(src_v, sizeof src_v, "%s", src_k);
+    int64_t hk = hd_default, hv = hd_default;
+    if (tr_model_key_int(m, "attention.key_length", &hk))
+        snprintf(src_k, sizeof src_k, "%s.attention.key_length", m->arch_name);
+    if (tr_model_key_int(m, "attention.value_length", &hv))
+        snprintf(src_v, sizeof src_v, "%s.attention.value_length", m->arch_name);
+    if (hk <= 0 || hk > 4096)
+        return tr_fail(err, TR_E_FORMAT, "key head dimension %" PRId64 " (%s) is out of range "
+                       "(1..4096)", hk, src_k);
+    if (hv <= 0 || hv > 4096)
+        return tr_fail(err, TR_E_FORMAT, "value head dimension %" PRId64 " (%s) is out of range "
+                       "(1..4096)", hv, src_v);
+    hp->head_dim_k = (int32_t)hk;
+    hp->head_dim_v = (int32_t)hv;
+    int64_t rot = hp->head_dim_k;
+    const bool rot_key = tr_model_key_int(m, "rope.dimension_count", &rot);
+    if (rot <= 0 || rot > hp->head_dim_k || rot % 2) {
+        if (rot_key)
+            return tr_fail(err, TR_E_FORMAT,
+                           "%s.rope.dimension_count = %" PRId64 " must be even, positive and at "
+                           "most the key head dimension %d (%s)",
+                           m->arch_name, rot, hp->head_dim_k, src_k);
         return tr_fail(err, TR_E_FORMAT,
-                       "%s.rope.dimension_count = %d must be even and at most the head dimension %d",
-                       m->arch_name, hp->n_rot, hp->head_dim_k);
+                       "the key head dimension %d (%s) is odd: RoPE rotates pairs of dimensions",
+                       hp->head_dim_k, src_k);
+    }
+    hp->n_rot = (int32_t)rot;
     if (!strcmp(m->arch->name, "llama") && hp->n_rot != hp->head_dim_k)
         return tr_fail(err, TR_E_FORMAT, "llama requires rope.dimension_count (%d) == head dim (%d)",
                        hp->n_rot, hp->head_dim_k);
@@ -186,14 +204,19 @@ static tr_status load_hparams(tr_model *m, int32_t *n_head, int32_t *n_head_kv, 
         return tr_fail(err, TR_E_FORMAT, "missing hyperparameter %s.attention.layer_norm_rms_epsilon",
                        m->arch_name);
     if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
-        return tr_fail(err, TR_E_FORMAT, "RMS norm epsilon %g is out of range", hp->rms_eps);
+        return tr_fail(err, TR_E_FORMAT, "%s.attention.layer_norm_rms_epsilon = %g is out of "
+                       "range (0, 1)", m->arch_name, hp->rms_eps);
 
     hp->rope_base = 10000.0f;
     tr_model_key_float(m, "rope.freq_base", &hp->rope_base);
     hp->rope_base_swa = hp->rope_base;
     tr_model_key_float(m, "rope.freq_base_swa", &hp->rope_base_swa);
-    if (!(hp->rope_base > 0.0f) || !(hp->rope_base_swa > 0.0f))
-        return tr_fail(err, TR_E_FORMAT, "RoPE base %g is not positive", hp->rope_base);
+    if (!(hp->rope_base > 0.0f && hp->rope_base < INFINITY) ||
+        !(hp->rope_base_swa > 0.0f && hp->rope_base_swa < INFINITY))
+        return tr_fail(err, TR_E_FORMAT, "%s.rope.freq_base%s = %g is not a positive number",
+                       m->arch_name, hp->rope_base > 0.0f && hp->rope_base < INFINITY ? "_swa" : "",
+                       hp->rope_base > 0.0f && hp->rope_base < INFINITY ? hp->rope_base_swa
+                                                                        : hp->rope_base);
 
     /* scaling: llama.cpp defaults the type to linear, forces freq_scale 1 for "none" */
     tr_str st = {0};
@@ -227,7 +250,8 @@ static tr_status load_hparams(tr_model *m, int32_t *n_head, int32_t *n_head_kv, 
     hp->n_swa = 0;
     if (tr_model_key_int(m, "attention.sliding_window", &v)) {
         if (v < 0 || v > INT32_MAX)
-            return tr_fail(err, TR_E_FORMAT, "sliding window %" PRId64 " is out of range", v);
+            return tr_fail(err, TR_E_FORMAT, "%s.attention.sliding_window = %" PRId64 " is out of "
+                           "range", m->arch_name, v);
         hp->n_swa = (int32_t)v;
     }
     hp->final_logit_softcap = 0.0f;
@@ -408,9 +432,27 @@ static tr_status bind_weights(tr_model *m, tr_error *err) {
     if (emb->ne[0] != hp->n_embd || emb->ne[1] < 1 || emb->ne[2] != 1 || emb->ne[3] != 1)
         return tr_fail(err, TR_E_FORMAT, "tensor 'token_embd.weight' has shape [%" PRId64 ", %" PRId64
                        "], expected [%d, n_vocab]", emb->ne[0], emb->ne[1], hp->n_embd);
+    if (emb->ne[1] > INT32_MAX)
+        return tr_fail(err, TR_E_FORMAT, "tensor 'token_embd.weight' has %" PRId64 " rows; token "
+                       "ids are 32-bit", emb->ne[1]);
     m->hp.n_vocab = (int32_t)emb->ne[1];
+    /* ids past the tokenizer's vocabulary could be generated and would render as nothing; ids
+     * past the embeddings could be tokenized and not computed: both must agree (as llama.cpp
+     * requires) */
+    const int64_t tk = tr_gguf_find_key(m->gguf, "tokenizer.ggml.tokens");
+    if (tk >= 0 && tr_gguf_kv_type(m->gguf, tk) == TR_GGUF_ARRAY &&
+        tr_gguf_arr_len(m->gguf, tk) != (uint64_t)emb->ne[1])
+        return tr_fail(err, TR_E_FORMAT,
+                       "the vocabulary has %" PRIu64 " tokens (tokenizer.ggml.tokens) but "
+                       "token_embd.weight has %" PRId64 " rows: they must be the same",
+                       tr_gguf_arr_len(m->gguf, tk), emb->ne[1]);
     if ((s = bind_mat(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, true, err)))
         return s;
+    const tr_tensor_info *out = find(m, "output.weight");
+    if (out && out->ne[0] == hp->n_embd && out->ne[1] != hp->n_vocab)
+        return tr_fail(err, TR_E_FORMAT,
+                       "tensor 'output.weight' has %" PRId64 " rows but token_embd.weight (the "
+                       "vocabulary) has %d: they must be the same", out->ne[1], hp->n_vocab);
     if ((s = bind_mat(m, &m->output, "output.weight", hp->n_embd, hp->n_vocab, false, err)))
         return s;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
@@ -471,6 +513,14 @@ static tr_status bind_weights(tr_model *m, tr_error *err) {
         if (hp->n_expert > 0 && find(m, n1)) {
             if ((s = bind_moe(m, L, l, err))) return s;
             continue;
+        }
+        if (find(m, n1)) {
+            int64_t ne;
+            const bool has = tr_model_key_int(m, "expert_count", &ne);
+            return tr_fail(err, TR_E_FORMAT,
+                           "tensor '%s' is a mixture-of-experts router, but %s.expert_count is "
+                           "%s: the number of experts must be positive",
+                           n1, m->arch_name, has ? (ne == 0 ? "0" : "negative") : "missing");
         }
         if (L->n_ff <= 0)
             return tr_fail(err, TR_E_FORMAT, "layer %d is dense but %s.feed_forward_length is 0", l,
@@ -581,6 +631,15 @@ static uint64_t auto_mem_budget(void) {
     return avail;
 }
 
+/* a byte count for messages: "912 B", "1.5 KiB", "98.4 MiB", "2.00 GiB" */
+static const char *human_bytes(uint64_t n, char buf[32]) {
+    if (n < 1024) snprintf(buf, 32, "%" PRIu64 " B", n);
+    else if (n < (1u << 20)) snprintf(buf, 32, "%.1f KiB", (double)n / 1024.0);
+    else if (n < (1u << 30)) snprintf(buf, 32, "%.1f MiB", (double)n / 1048576.0);
+    else snprintf(buf, 32, "%.2f GiB", (double)n / 1073741824.0);
+    return buf;
+}
+
 static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *err) {
     const tr_hparams *hp = &m->hp;
     tr_expert_layer *layers = calloc((size_t)hp->n_layer, sizeof *layers);
@@ -602,7 +661,26 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
     }
     const tr_expert_layout layout = {hp->n_layer, hp->n_expert, hp->n_expert_used, layers};
     uint64_t budget = p->expert_cache_bytes;
-    if (budget == TR_EXPERT_CACHE_MIN) budget = tr_expert_cache_min_budget(&layout);
+    const uint64_t min_budget = tr_expert_cache_min_budget(&layout);
+    bool clamped = false;
+    if (p->mem_budget_bytes) {
+        /* what a run needs at the least: the dense weights, the smallest session (a context of
+         * one token) and the smallest expert cache; a budget below that cannot be honoured */
+        const uint64_t sess = tr_session_estimate(m, 1, 1);
+        const uint64_t need = m->dense_bytes + sess + min_budget;
+        if (p->mem_budget_bytes < need) {
+            free(layers);
+            char b[5][32];
+            return tr_fail(err, TR_E_BUDGET,
+                           "--mem-budget %s is below the least this model needs: %s of dense "
+                           "weights + %s for the smallest session + %s for the smallest expert "
+                           "cache (one layer's top-%d experts) = %s",
+                           human_bytes(p->mem_budget_bytes, b[0]), human_bytes(m->dense_bytes, b[1]),
+                           human_bytes(sess, b[2]), human_bytes(min_budget, b[3]),
+                           hp->n_expert_used, human_bytes(need, b[4]));
+        }
+    }
+    if (budget == TR_EXPERT_CACHE_MIN) budget = min_budget;
     if (!budget) {
         const uint64_t mem = p->mem_budget_bytes ? p->mem_budget_bytes : auto_mem_budget();
         /* leave the dense weights, a default session (KV + scratch) and headroom for the
@@ -613,8 +691,10 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
         budget = mem > reserve ? mem - reserve : 0;
         const uint64_t all = m->expert_total_bytes + (uint64_t)hp->n_layer * hp->n_expert * 3 * 8192;
         if (budget > all) budget = all; /* no point in more than every expert */
-        const uint64_t min = tr_expert_cache_min_budget(&layout);
-        if (budget < min) budget = min;
+        if (budget < min_budget) {
+            budget = min_budget;
+            clamped = p->mem_budget_bytes != 0;
+        }
     }
     tr_expert_cache_params cp = {
         .budget_bytes = budget,
@@ -624,6 +704,16 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
     tr_status s = tr_expert_cache_create(&layout, &cp, &m->experts, m->warning, sizeof m->warning,
                                          err);
     free(layers);
+    if (s == TR_OK && clamped) {
+        /* the budget holds the minimum but not the default session and headroom on top */
+        const size_t used = strlen(m->warning);
+        char b[2][32];
+        snprintf(m->warning + used, sizeof m->warning - used,
+                 "%s--mem-budget %s leaves no room for an expert cache after the dense weights, a "
+                 "default session and headroom; using the smallest cache, %s",
+                 used ? "; " : "", human_bytes(p->mem_budget_bytes, b[0]),
+                 human_bytes(min_budget, b[1]));
+    }
     return s;
 }
 
@@ -642,6 +732,13 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
         s = tr_fail(err, TR_E_FORMAT, "%s: no general.architecture key: not a model file", path);
         goto fail;
     }
+    if (memchr(arch.ptr, '\0', (size_t)arch.len)) {
+        s = tr_fail(err, TR_E_FORMAT, "%s: general.architecture contains a NUL byte (at %zu of "
+                    "its %" PRIu64 " bytes)", path,
+                    (size_t)((const char *)memchr(arch.ptr, '\0', (size_t)arch.len) - arch.ptr),
+                    arch.len);
+        goto fail;
+    }
     snprintf(m->arch_name, sizeof m->arch_name, "%.*s", (int)(arch.len < 63 ? arch.len : 63),
              arch.ptr);
     tr_str name;
@@ -657,10 +754,8 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     }
     /* the vocabulary first: a file whose tokenizer is broken fails before any weight is read */
     if (tr_gguf_find_key(m->gguf, "tokenizer.ggml.model") >= 0 &&
-        (s = tr_tokenizer_load(m->gguf, &m->tok, err))) {
-        tr_error_prefix(err, "tokenizer: ");
-        goto fail;
-    }
+        (s = tr_tokenizer_load(m->gguf, &m->tok, err)))
+        goto fail; /* its messages start with "tokenizer: " */
     int64_t n_layer;
     if ((s = need_int(m, "block_count", 1, MAX_LAYERS, &n_layer, err))) goto fail;
     m->hp.n_layer = (int32_t)n_layer;
@@ -683,6 +778,20 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     }
     if ((s = read_shards(m, &p, err))) goto fail;
     if ((s = bind_weights(m, err))) goto fail;
+    {
+        /* FFN widths the scratch is sized by: only those of what was bound, so a width in the
+         * metadata that no tensor has (a shared expert's in a file without one) sizes nothing */
+        tr_hparams *hp = &m->hp;
+        hp->n_ff_max = 0;
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            const tr_layer *L = &m->layers[l];
+            int32_t w = L->moe ? hp->n_ff_exp : L->n_ff;
+            if (L->shexp_gate.data && hp->n_ff_shexp > w) w = hp->n_ff_shexp;
+            if (w > hp->n_ff_max) hp->n_ff_max = w;
+        }
+    }
+    /* binding converted vectors from the mapping: a file cut short since it was opened */
+    if ((s = tr_gguf_mapping_check(m->gguf, err))) goto fail;
     if (m->arch->hook && (s = m->arch->hook(m, err))) goto fail;
     for (int64_t i = 0; i < tr_gguf_n_tensors(m->gguf); i++) {
         const tr_tensor_info *ti = tr_gguf_tensor(m->gguf, i);

@@ -121,7 +121,7 @@ struct tr_model {
     int32_t pred[256];
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
-    char warning[512];
+    char warning[1024];
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
     void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */
     size_t n_owned, cap_owned;

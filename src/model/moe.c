@@ -11,6 +11,7 @@
  * the budget never changes the output.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -88,8 +89,24 @@ static void add_rows_bias(float *y, const float *b, int32_t rows, int64_t n) {
         for (int64_t i = 0; i < n; i++) y[(size_t)r * n + i] += b[i];
 }
 
-/* one expert on its rows: gather inputs, gate/up/act/down, scatter to the rows' slots */
-static void run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e,
+static tr_status bad_values(const tr_model *m, int32_t l, const char *what, int32_t e,
+                            tr_error *err) {
+    tr_status s = tr_gguf_mapping_check(m->gguf, err);
+    if (s) return s;
+    char which[32] = "";
+    if (e >= 0) snprintf(which, sizeof which, " %d", e);
+    return tr_fail(err, TR_E_FORMAT,
+                   "%s: non-finite values (NaN or Inf) in layer %d's %s%s (tensors blk.%d.%s): the "
+                   "model's weights are corrupt",
+                   tr_gguf_shard_path(m->gguf, 0), l, what, which, l,
+                   e >= 0              ? "ffn_gate_exps, ffn_up_exps"
+                   : what[0] == 's'    ? "ffn_gate_shexp, ffn_up_shexp"
+                                       : "ffn_gate_inp.weight");
+}
+
+/* one expert on its rows: gather inputs, gate/up/act/down, scatter to the rows' slots; false if
+ * the activation going into the down projection is not finite (its quantizer would hide it) */
+static bool run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e,
                        const void *const part[3], int32_t rows) {
     const tr_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp, K = hp->n_expert_used;
@@ -104,6 +121,7 @@ static void run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e
     add_rows_bias(sc->g, L->gate_exps.bias ? L->gate_exps.bias + (size_t)e * F : NULL, rows, F);
     add_rows_bias(sc->u, L->up_exps.bias ? L->up_exps.bias + (size_t)e * F : NULL, rows, F);
     expert_act(m, sc->g, sc->u, (int64_t)rows * F);
+    if (!tr_all_finite(sc->g, (int64_t)rows * F)) return false;
     tr_matmul(m->pool, m->kern, &wd, sc->g, rows, sc->moe_in, sc->mm);
     add_rows_bias(sc->moe_in, L->down_exps.bias ? L->down_exps.bias + (size_t)e * E : NULL, rows, E);
     /* weighted output into the (row, slot) it belongs to: list entries are row * K + slot */
@@ -114,6 +132,7 @@ static void run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e
         const float *src = sc->moe_in + (size_t)i * E;
         for (int64_t j = 0; j < E; j++) dst[j] = src[j] * w;
     }
+    return true;
 }
 
 /* Prefetch: apply the next MoE layer's router to this layer's FFN input (the residual stream
@@ -161,9 +180,15 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
     /* router (F32 activations, as llama.cpp) and the per-row choice */
     tr_matmul(m->pool, m->kern, &L->router, sc->xn, rows, sc->moe_logits, sc->mm);
     add_rows_bias(sc->moe_logits, L->router_b, rows, NE);
+    /* a NaN among the router's logits would leave top-k without a choice (and the grouping
+     * below with an index of -1): checked once per row, with the probabilities it gives */
+    if (!tr_all_finite(sc->moe_logits, (int64_t)rows * NE))
+        return bad_values(m, l, "router logits", -1, err);
     for (int32_t r = 0; r < rows; r++)
         tr_moe_route(m, sc->moe_logits + (size_t)r * NE, sc->moe_sel + (size_t)r * K,
                      sc->moe_w + (size_t)r * K);
+    if (!tr_all_finite(sc->moe_w, (int64_t)rows * K))
+        return bad_values(m, l, "router's expert probabilities", -1, err);
     /* one layer visit for the policies, with every row's choice (duplicates are fine) */
     if (m->experts) tr_expert_cache_observe(m->experts, l, sc->moe_sel, sc->moe_w, rows * K, NULL);
     if (m->route_hook)
@@ -199,7 +224,8 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
             const void *part[3] = {L->gate_exps.base + (size_t)e * L->gate_exps.expert_bytes,
                                    L->up_exps.base + (size_t)e * L->up_exps.expert_bytes,
                                    L->down_exps.base + (size_t)e * L->down_exps.expert_bytes};
-            run_expert(m, sc, L, e, part, sc->moe_off[e + 1] - sc->moe_off[e]);
+            if (!run_expert(m, sc, L, e, part, sc->moe_off[e + 1] - sc->moe_off[e]))
+                return bad_values(m, l, "expert", e, err);
         }
     } else {
         /* at most top-k experts per request: the smallest legal budget holds exactly that */
@@ -214,7 +240,10 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
                 if (st || idx < 0) break;
                 const int32_t e = req->experts[idx];
                 const void *part[3] = {req->data[idx][0], req->data[idx][1], req->data[idx][2]};
-                run_expert(m, sc, L, e, part, sc->moe_off[e + 1] - sc->moe_off[e]);
+                if (!run_expert(m, sc, L, e, part, sc->moe_off[e + 1] - sc->moe_off[e])) {
+                    tr_expert_cache_release(m->experts, req);
+                    return bad_values(m, l, "expert", e, err);
+                }
             }
             tr_expert_cache_release(m->experts, req);
             if (st) return st;
@@ -238,6 +267,8 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
         tr_matmul(m->pool, m->kern, &L->shexp_gate, sc->xn, rows, sc->g, sc->mm);
         tr_matmul(m->pool, m->kern, &L->shexp_up, sc->xn, rows, sc->u, sc->mm);
         expert_act(m, sc->g, sc->u, (int64_t)rows * F);
+        if (!tr_all_finite(sc->g, (int64_t)rows * F))
+            return bad_values(m, l, "shared expert", -1, err);
         tr_matmul(m->pool, m->kern, &L->shexp_down, sc->g, rows, sc->moe_in, sc->mm);
         for (int32_t r = 0; r < rows; r++) {
             float gate = 1.0f;

@@ -6,6 +6,7 @@
 #ifndef TR_MODEL_OPS_H
 #define TR_MODEL_OPS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "model/model.h"
@@ -33,5 +34,9 @@ void tr_swiglu(float *g, const float *u, int64_t n);
 void tr_geglu(float *g, const float *u, int64_t n);
 /* the tanh GELU as ggml evaluates it on CPU (F16 table lookup) */
 float tr_gelu_table(float x);
+
+/* false if any of x[0..n) is NaN or infinite: the forward pass's check of corrupt weights, once
+ * per row and block (an integer pass over the exponent bits; the compiler vectorises it) */
+bool tr_all_finite(const float *x, int64_t n);
 
 #endif

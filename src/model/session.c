@@ -165,12 +165,16 @@ static void resolve_params(const tr_model *m, tr_session_params *p) {
     if (p->n_batch > p->n_ctx) p->n_batch = p->n_ctx;
 }
 
-uint64_t tr_session_estimate_default(const tr_model *m) {
+uint64_t tr_session_estimate(const tr_model *m, int32_t n_ctx, int32_t n_batch) {
     tr_session_params p = tr_session_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
     resolve_params(m, &p);
     tr_scratch dummy;
     return full_bytes(m, &p) + scratch_plan(m, p.n_batch, false, NULL, &dummy);
 }
+
+uint64_t tr_session_estimate_default(const tr_model *m) { return tr_session_estimate(m, 0, 0); }
 
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
                             tr_error *err) {
@@ -222,6 +226,7 @@ uint64_t tr_session_bytes(const tr_session *s) {
 }
 int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
 int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
+int32_t tr_session_n_batch(const tr_session *s) { return s->n_batch; }
 
 void tr_session_set_abort(tr_session *s, tr_abort_fn fn, void *user) {
     s->abort_fn = fn;

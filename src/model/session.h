@@ -56,6 +56,8 @@ struct tr_session {
 
 /* KV + scratch bytes of a session with default parameters (for budgets computed at load) */
 uint64_t tr_session_estimate_default(const tr_model *m);
+/* the same for a context and batch (<= 0: the defaults) */
+uint64_t tr_session_estimate(const tr_model *m, int32_t n_ctx, int32_t n_batch);
 
 /* forward.c: compute `rows` rows (row r: token tokens[r] of sc->row_sess[r] at sc->row_pos[r]).
  * logits_rows: 0 = none, 1 = last row only, rows = every row; written to `logits`. */

@@ -1,12 +1,15 @@
 /*
  * Block layouts of the quantized tensor types (GGUF-FACTS §2), byte-for-byte as stored in GGUF
- * files, each pinned with a static assertion so a layout change cannot slip in unnoticed.
+ * files, each pinned with a static assertion so a layout change cannot slip in unnoticed. Every
+ * block struct has alignment 1 (TR_BLOCK): tensor data may start at any byte (unaligned.h).
  */
 #ifndef TR_TENSOR_BLOCKS_H
 #define TR_TENSOR_BLOCKS_H
 
 #include <assert.h>
 #include <stdint.h>
+
+#include "tensor/unaligned.h"
 
 typedef uint16_t tr_half; /* IEEE binary16 bits */
 typedef uint16_t tr_bf16; /* bfloat16 bits */
@@ -15,28 +18,28 @@ typedef uint16_t tr_bf16; /* bfloat16 bits */
 #define TR_QK_K 256
 #define TR_K_SCALE_SIZE 12
 
-typedef struct { tr_half d; uint8_t qs[16]; } tr_blk_q4_0;
-typedef struct { tr_half d; tr_half m; uint8_t qs[16]; } tr_blk_q4_1;
-typedef struct { tr_half d; uint8_t qh[4]; uint8_t qs[16]; } tr_blk_q5_0;
-typedef struct { tr_half d; tr_half m; uint8_t qh[4]; uint8_t qs[16]; } tr_blk_q5_1;
-typedef struct { tr_half d; int8_t qs[32]; } tr_blk_q8_0;
-typedef struct { tr_half d; tr_half s; int8_t qs[32]; } tr_blk_q8_1; /* s = d * sum(qs) */
-typedef struct { tr_half d; uint8_t qs[16]; } tr_blk_iq4_nl;
-typedef struct { uint8_t e; uint8_t qs[16]; } tr_blk_mxfp4; /* e: E8M0 exponent (halved table) */
+typedef struct TR_BLOCK { tr_half d; uint8_t qs[16]; } tr_blk_q4_0;
+typedef struct TR_BLOCK { tr_half d; tr_half m; uint8_t qs[16]; } tr_blk_q4_1;
+typedef struct TR_BLOCK { tr_half d; uint8_t qh[4]; uint8_t qs[16]; } tr_blk_q5_0;
+typedef struct TR_BLOCK { tr_half d; tr_half m; uint8_t qh[4]; uint8_t qs[16]; } tr_blk_q5_1;
+typedef struct TR_BLOCK { tr_half d; int8_t qs[32]; } tr_blk_q8_0;
+typedef struct TR_BLOCK { tr_half d; tr_half s; int8_t qs[32]; } tr_blk_q8_1; /* s = d * sum(qs) */
+typedef struct TR_BLOCK { tr_half d; uint8_t qs[16]; } tr_blk_iq4_nl;
+typedef struct TR_BLOCK { uint8_t e; uint8_t qs[16]; } tr_blk_mxfp4; /* e: E8M0 exponent (halved table) */
 
-typedef struct { uint8_t scales[16]; uint8_t qs[64]; tr_half d; tr_half dmin; } tr_blk_q2_k;
-typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; tr_half d; } tr_blk_q3_k;
-typedef struct { tr_half d; tr_half dmin; uint8_t scales[12]; uint8_t qs[128]; } tr_blk_q4_k;
-typedef struct {
+typedef struct TR_BLOCK { uint8_t scales[16]; uint8_t qs[64]; tr_half d; tr_half dmin; } tr_blk_q2_k;
+typedef struct TR_BLOCK { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; tr_half d; } tr_blk_q3_k;
+typedef struct TR_BLOCK { tr_half d; tr_half dmin; uint8_t scales[12]; uint8_t qs[128]; } tr_blk_q4_k;
+typedef struct TR_BLOCK {
     tr_half d;
     tr_half dmin;
     uint8_t scales[12];
     uint8_t qh[32];
     uint8_t qs[128];
 } tr_blk_q5_k;
-typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; tr_half d; } tr_blk_q6_k;
-typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } tr_blk_q8_k;
-typedef struct {
+typedef struct TR_BLOCK { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; tr_half d; } tr_blk_q6_k;
+typedef struct TR_BLOCK { float d; int8_t qs[256]; int16_t bsums[16]; } tr_blk_q8_k;
+typedef struct TR_BLOCK {
     tr_half d;
     uint16_t scales_h;
     uint8_t scales_l[4];
@@ -58,6 +61,9 @@ static_assert(sizeof(tr_blk_q5_k) == 176, "Q5_K block");
 static_assert(sizeof(tr_blk_q6_k) == 210, "Q6_K block");
 static_assert(sizeof(tr_blk_q8_k) == 292, "Q8_K block");
 static_assert(sizeof(tr_blk_iq4_xs) == 136, "IQ4_XS block");
+/* one per layout family is enough: TR_BLOCK is on every struct above */
+static_assert(_Alignof(tr_blk_q4_0) == 1 && _Alignof(tr_blk_q4_k) == 1 && _Alignof(tr_blk_q8_k) == 1,
+              "block structs must have alignment 1 (unaligned.h)");
 
 /* Non-linear 4-bit code books (GGUF-FACTS §2.2). */
 extern const int8_t tr_kvalues_iq4nl[16];

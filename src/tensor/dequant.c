@@ -15,13 +15,13 @@ void tr_dequant_f32(const void *restrict x, float *restrict y, int64_t n) {
 }
 
 void tr_dequant_f16(const void *restrict x, float *restrict y, int64_t n) {
-    const uint16_t *h = x;
-    for (int64_t i = 0; i < n; i++) y[i] = tr_f16_to_f32(h[i]);
+    const char *h = x; /* any alignment (unaligned.h) */
+    for (int64_t i = 0; i < n; i++) y[i] = tr_f16_to_f32(tr_load_u16(h + 2 * i));
 }
 
 void tr_dequant_bf16(const void *restrict x, float *restrict y, int64_t n) {
-    const uint16_t *h = x;
-    for (int64_t i = 0; i < n; i++) y[i] = tr_bf16_to_f32(h[i]);
+    const char *h = x;
+    for (int64_t i = 0; i < n; i++) y[i] = tr_bf16_to_f32(tr_load_u16(h + 2 * i));
 }
 
 void tr_dequant_q4_0(const void *restrict vx, float *restrict y, int64_t n) {

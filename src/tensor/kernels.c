@@ -12,10 +12,21 @@
 #include <cpuid.h>
 #define TR_X86 1
 #endif
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#define TR_ARM 1
+/* the kernel's AT_HWCAP / AT_HWCAP2 bits (asm/hwcap.h), spelled out for C libraries without them */
+#define TR_HWCAP_ASIMD   (1ul << 1)
+#define TR_HWCAP_ASIMDDP (1ul << 20)
+#define TR_HWCAP2_I8MM   (1ul << 13)
+#endif
 
 typedef struct {
-    bool avx2;   /* AVX2 + FMA + F16C, OS saves YMM */
-    bool avx512; /* AVX-512 F/BW/VL/DQ + VNNI, OS saves ZMM */
+    bool avx2;    /* AVX2 + FMA + F16C, OS saves YMM */
+    bool avx512;  /* AVX-512 F/BW/VL/DQ + VNNI, OS saves ZMM */
+    bool neon;    /* AArch64 Advanced SIMD (always there; the kernel still says so) */
+    bool dotprod; /* SDOT/UDOT */
+    bool i8mm;    /* SMMLA */
 } cpu_features;
 
 #if TR_X86
@@ -44,6 +55,13 @@ static cpu_features detect(void) {
     f.avx2 = ymm_ok && avx2 && fma && f16c;
     f.avx512 = f.avx2 && zmm_ok && avx512f && avx512dq && avx512bw && avx512vl && vnni;
 #endif
+#if TR_ARM
+    /* the kernel reports what it lets user space run (the instructions trap otherwise) */
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    f.neon = hw & TR_HWCAP_ASIMD;
+    f.dotprod = f.neon && (hw & TR_HWCAP_ASIMDDP);
+    f.i8mm = f.dotprod && (hw2 & TR_HWCAP2_I8MM);
+#endif
     return f;
 }
 
@@ -54,7 +72,8 @@ void tr_vec_dot_nc_generic(tr_vec_dot_fn dot, int64_t n, int nc, float *restrict
         dot(n, s + (size_t)j * s_stride, w, (const char *)a + (size_t)j * a_stride);
 }
 
-enum { FAM_SCALAR, FAM_AVX2, FAM_AVX512, FAM_COUNT };
+/* in order of preference within an architecture (only one architecture's families exist) */
+enum { FAM_SCALAR, FAM_AVX2, FAM_AVX512, FAM_NEON, FAM_DOTPROD, FAM_I8MM, FAM_COUNT };
 static tr_kernels g_fam[FAM_COUNT];
 static bool g_have[FAM_COUNT];
 static int g_best;
@@ -88,10 +107,32 @@ static void init_once(void) {
         tr_kernels_fill_avx512(&g_fam[FAM_AVX512]);
         g_have[FAM_AVX512] = true;
     }
+#elif TR_ARM
+    if (f.neon) {
+        fill_scalar(&g_fam[FAM_NEON]);
+        g_fam[FAM_NEON].isa = "neon";
+        tr_kernels_fill_neon(&g_fam[FAM_NEON]);
+        g_have[FAM_NEON] = true;
+    }
+    if (f.dotprod) {
+        fill_scalar(&g_fam[FAM_DOTPROD]);
+        g_fam[FAM_DOTPROD].isa = "dotprod";
+        tr_kernels_fill_dotprod(&g_fam[FAM_DOTPROD]);
+        g_have[FAM_DOTPROD] = true;
+    }
+    if (f.i8mm) {
+        fill_scalar(&g_fam[FAM_I8MM]);
+        g_fam[FAM_I8MM].isa = "i8mm";
+        tr_kernels_fill_dotprod(&g_fam[FAM_I8MM]); /* matrix-vector: SDOT */
+        tr_kernels_fill_i8mm(&g_fam[FAM_I8MM]);
+        g_have[FAM_I8MM] = true;
+    }
 #else
     (void)f;
 #endif
-    g_best = g_have[FAM_AVX512] ? FAM_AVX512 : g_have[FAM_AVX2] ? FAM_AVX2 : FAM_SCALAR;
+    g_best = FAM_SCALAR;
+    for (int i = 0; i < FAM_COUNT; i++)
+        if (g_have[i]) g_best = i;
     /* TERRACE_ISA can only lower the choice: a family the CPU lacks would crash */
     const char *env = getenv("TERRACE_ISA");
     if (env) {

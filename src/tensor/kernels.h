@@ -15,6 +15,14 @@
 typedef void (*tr_vec_dot_nc_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
                                  const void *restrict w, const void *restrict a, size_t a_stride);
 
+/* s[r + j * s_stride] = dot(w + r * w_stride bytes, a + j * a_stride bytes) for r < 2 and
+ * j < nc (1 <= nc <= TR_MAX_NC): two weight rows against several activation rows, for the int8
+ * matrix-multiply instructions (Arm i8mm SMMLA: a 2x8 by 8x2 byte product) that need two rows on
+ * each side. tr_matmul uses it for pairs of rows when nc >= 2. */
+typedef void (*tr_vec_dot_2r_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
+                                 const void *restrict w, size_t w_stride, const void *restrict a,
+                                 size_t a_stride);
+
 /* Activation side table, for the weight types whose activations are Q8_0 or Q8_1: per activation
  * row of nb blocks, the nb block scales d as f32 and nb second values: for Q8_0 the sum of the
  * block's codes (exact as f32), for Q8_1 its stored s. tr_matmul builds it once per call
@@ -127,7 +135,7 @@ size_t tr_attn_scratch_floats(int32_t n_keys, int32_t hd_k, int32_t hd_v);
 void tr_attn_f16_ref(int n_q, const tr_attn_q *q, const tr_attn_kv *kv, float *scratch);
 
 typedef struct tr_kernels {
-    const char *isa; /* "scalar", "avx2", "avx512" */
+    const char *isa; /* "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm" */
     tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
     tr_vec_dot_nc_fn vec_dot_nc[TR_TYPE_COUNT];
     tr_from_float_fn from_float[TR_TYPE_COUNT]; /* activation formats only */
@@ -147,6 +155,7 @@ typedef struct tr_kernels {
     void (*rmsnorm)(float *y, const float *x, const float *w, int64_t n, float eps);
     void (*swiglu)(float *g, const float *u, int64_t n);
     void (*geglu)(float *g, const float *u, int64_t n, const uint16_t *table);
+    tr_vec_dot_2r_fn vec_dot_2r[TR_TYPE_COUNT]; /* optional: two weight rows at once */
 } tr_kernels;
 
 /* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */
@@ -182,9 +191,12 @@ const tr_kernels *tr_kernels_best(void);
 /* a given family, or NULL if this build or CPU cannot run it ("scalar" always exists) */
 const tr_kernels *tr_kernels_by_name(const char *isa);
 
-/* per-ISA fillers (src/tensor/x86/...): override the entries they accelerate */
+/* per-ISA fillers (src/tensor/x86/..., src/tensor/arm/...): override the entries they accelerate */
 void tr_kernels_fill_avx2(tr_kernels *k);
 void tr_kernels_fill_avx512(tr_kernels *k);
+void tr_kernels_fill_neon(tr_kernels *k);
+void tr_kernels_fill_dotprod(tr_kernels *k);
+void tr_kernels_fill_i8mm(tr_kernels *k);
 
 /* generic nc-column dot built from a single-column dot (used where no fused kernel exists) */
 void tr_vec_dot_nc_generic(tr_vec_dot_fn dot, int64_t n, int nc, float *restrict s, size_t s_stride,

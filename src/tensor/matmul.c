@@ -101,6 +101,7 @@ static void dot_task(void *ctx, int ith, int nth) {
     const tr_vec_dot_fn dot = j->k->vec_dot[W->type];
     const tr_vec_dot_nc_fn dot_nc = j->k->vec_dot_nc[W->type];
     const tr_vec_dot_side_fn dot_side = j->side ? j->k->vec_dot_side[W->type] : NULL;
+    const tr_vec_dot_2r_fn dot_2r = j->k->vec_dot_2r[W->type];
     int64_t b, e;
     while (tr_claim(&j->next, N, j->chunk, &b, &e)) {
         for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
@@ -108,7 +109,15 @@ static void dot_task(void *ctx, int ith, int nth) {
             for (int64_t m = 0; m < j->M; m += TR_MAX_NC) {
                 const int nc = j->M - m < TR_MAX_NC ? (int)(j->M - m) : TR_MAX_NC;
                 const char *xq = j->xq + (size_t)m * j->xq_row;
-                for (int64_t r = r0; r < r1; r++) {
+                int64_t r = r0;
+                /* two rows at once where the family multiplies 2x2 row blocks (one activation
+                 * row would waste half of that) */
+                if (dot_2r && nc >= 2)
+                    for (; r + 2 <= r1; r += 2)
+                        dot_2r(K, nc, j->y + m * N + r, (size_t)N,
+                               (const char *)W->data + (size_t)r * W->row_bytes, W->row_bytes, xq,
+                               j->xq_row);
+                for (; r < r1; r++) {
                     const char *row = (const char *)W->data + (size_t)r * W->row_bytes;
                     if (dot_side) {
                         dot_side(K, nc, j->y + m * N + r, (size_t)N, row, xq, j->xq_row,

@@ -8,25 +8,30 @@
 
 void tr_vec_dot_f32_ref(int64_t n, float *restrict s, const void *restrict vw,
                         const void *restrict va) {
-    const float *w = vw, *a = va;
+    const char *w = vw, *a = va; /* weights at any alignment (unaligned.h) */
     double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)(w[i] * a[i]);
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)(tr_load_f32(w + 4 * i) * tr_load_f32(a + 4 * i));
     *s = (float)sum;
 }
 
 void tr_vec_dot_f16_ref(int64_t n, float *restrict s, const void *restrict vw,
                         const void *restrict va) {
-    const uint16_t *w = vw, *a = va;
+    const char *w = vw, *a = va;
     double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)(tr_f16_to_f32(w[i]) * tr_f16_to_f32(a[i]));
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)(tr_f16_to_f32(tr_load_u16(w + 2 * i)) *
+                        tr_f16_to_f32(tr_load_u16(a + 2 * i)));
     *s = (float)sum;
 }
 
 void tr_vec_dot_bf16_ref(int64_t n, float *restrict s, const void *restrict vw,
                          const void *restrict va) {
-    const uint16_t *w = vw, *a = va;
+    const char *w = vw, *a = va;
     double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)(tr_bf16_to_f32(w[i]) * tr_bf16_to_f32(a[i]));
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)(tr_bf16_to_f32(tr_load_u16(w + 2 * i)) *
+                        tr_bf16_to_f32(tr_load_u16(a + 2 * i)));
     *s = (float)sum;
 }
 

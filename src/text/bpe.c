@@ -35,6 +35,7 @@ typedef struct session {
     sym *syms;
     size_t cap;
     tr_heap q;
+    tr_tok_drops *drops; /* may be NULL */
 } session;
 
 static bool add_bigram(session *s, int32_t l, int32_t r) {
@@ -47,12 +48,26 @@ static bool add_bigram(session *s, int32_t l, int32_t r) {
 }
 
 /* a symbol that is not a token: one token per byte, if the vocabulary has one (else nothing, as
- * llama.cpp) */
-static bool emit_bytes(const tr_tokenizer *t, const char *p, size_t n, tr_ibuf *out) {
+ * llama.cpp, counted in drops) */
+static bool emit_bytes(const tr_tokenizer *t, const char *p, size_t n, tr_ibuf *out,
+                       tr_tok_drops *drops) {
+    bool dropped = false;
     for (size_t i = 0; i < n; i++) {
         unsigned char b = (unsigned char)p[i];
         int32_t id = t->byte_encode ? t->byte_char[b] : t->byte_hex[b];
         if (id >= 0 && !tr_ibuf_push(out, id)) return false;
+        dropped |= id < 0;
+    }
+    if (dropped && drops) {
+        /* the input byte it stood for: byte-level BPE symbols are characters of the GPT-2 byte
+         * alphabet */
+        int orig = (unsigned char)p[0];
+        if (t->byte_encode) {
+            size_t off = 0;
+            const int b = tr_cp_to_byte(tr_utf8_decode((const unsigned char *)p, n, &off));
+            if (b >= 0) orig = b;
+        }
+        if (!drops->n++) drops->first = orig;
     }
     return true;
 }
@@ -101,7 +116,7 @@ static bool encode_word(session *s, const char *w, size_t n, tr_ibuf *out) {
         int32_t id = tr_vocab_find(t, w + y->start, y->n);
         if (id >= 0) {
             if (!tr_ibuf_push(out, id)) return false;
-        } else if (!emit_bytes(t, w + y->start, y->n, out)) {
+        } else if (!emit_bytes(t, w + y->start, y->n, out, s->drops)) {
             return false;
         }
     }
@@ -109,10 +124,10 @@ static bool encode_word(session *s, const char *w, size_t n, tr_ibuf *out) {
 }
 
 tr_status tr_bpe_encode(const tr_tokenizer *t, const char *text, size_t len, tr_ibuf *out,
-                        tr_error *err) {
+                        tr_tok_drops *drops, tr_error *err) {
     tr_cbuf esc = {0}, words = {0};
     tr_zbuf ends = {0};
-    session s = {.t = t, .q = {.size = sizeof(bigram), .before = before}};
+    session s = {.t = t, .q = {.size = sizeof(bigram), .before = before}, .drops = drops};
     tr_status st = TR_OK;
     if (t->escape_ws) { /* SPM-style BPE (gemma4): spaces are U+2581 before splitting */
         for (size_t i = 0; i < len; i++) {

@@ -39,7 +39,7 @@ static bool try_add(const tr_tokenizer *t, const char *text, const sym *syms, tr
 }
 
 tr_status tr_spm_encode(const tr_tokenizer *t, const char *text, size_t len, tr_ibuf *out,
-                        tr_error *err) {
+                        tr_tok_drops *drops, tr_error *err) {
     if (!len) return TR_OK;
     sym *syms = malloc(len * sizeof *syms);
     tr_heap q = {.size = sizeof(bigram), .before = before};
@@ -81,6 +81,7 @@ tr_status tr_spm_encode(const tr_tokenizer *t, const char *text, size_t len, tr_
             /* no token for this byte: llama.cpp throws here; <unk> is the closest meaning */
             if (b < 0) b = t->special[TR_SPECIAL_UNK];
             if (b >= 0 && !tr_ibuf_push(out, b)) goto oom;
+            if (b < 0 && drops && !drops->n++) drops->first = c; /* no <unk> either: dropped */
         }
     }
     free(syms);

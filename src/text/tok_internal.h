@@ -197,6 +197,9 @@ struct tr_tokenizer {
 
     int32_t byte_hex[256];  /* "<0xXX>" token per byte, -1 if none */
     int32_t byte_char[256]; /* one-byte token per byte, -1 if none */
+
+    /* what load accepted but the user should hear about (tr_tokenizer_warning); "" if none */
+    char warning[768];
 };
 
 /* id of the token with exactly this text, -1 if none */
@@ -204,14 +207,22 @@ int32_t tr_vocab_find(const tr_tokenizer *t, const char *s, size_t n);
 /* rank of merge (left, right), -1 if none */
 int32_t tr_merge_rank(const tr_tokenizer *t, const char *l, size_t ln, const char *r, size_t rn);
 
-/* models: append the ids of one text fragment (special tokens already split out) */
-tr_status tr_bpe_encode(const tr_tokenizer *t, const char *text, size_t len, tr_ibuf *out,
-                        tr_error *err);
-tr_status tr_spm_encode(const tr_tokenizer *t, const char *text, size_t len, tr_ibuf *out,
-                        tr_error *err);
+/* input the vocabulary cannot represent: characters left out because neither a token nor a
+ * byte token covers them (as llama.cpp does), counted so the caller can say so */
+typedef struct tr_tok_drops {
+    size_t n;
+    int first; /* the first one's byte (its first byte, for a character), -1 if none */
+} tr_tok_drops;
 
-/* tokenize into a growable buffer (used by load to find the newline token) */
+/* models: append the ids of one text fragment (special tokens already split out); drops may be
+ * NULL */
+tr_status tr_bpe_encode(const tr_tokenizer *t, const char *text, size_t len, tr_ibuf *out,
+                        tr_tok_drops *drops, tr_error *err);
+tr_status tr_spm_encode(const tr_tokenizer *t, const char *text, size_t len, tr_ibuf *out,
+                        tr_tok_drops *drops, tr_error *err);
+
+/* tokenize into a growable buffer (used by load to find the newline token); drops may be NULL */
 tr_status tr_tokenize_buf(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
-                          bool parse_special, tr_ibuf *out, tr_error *err);
+                          bool parse_special, tr_ibuf *out, tr_tok_drops *drops, tr_error *err);
 
 #endif

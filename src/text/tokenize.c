@@ -113,7 +113,7 @@ oom:
 }
 
 tr_status tr_tokenize_buf(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
-                          bool parse_special, tr_ibuf *out, tr_error *err) {
+                          bool parse_special, tr_ibuf *out, tr_tok_drops *drops, tr_error *err) {
     if (!text && len) return tr_fail(err, TR_E_ARG, "tokenize: NULL text of %zu bytes", len);
     fragv fr = {0};
     tr_cbuf buf = {0};
@@ -129,7 +129,7 @@ tr_status tr_tokenize_buf(const tr_tokenizer *t, const char *text, size_t len, b
             continue;
         }
         if (t->kind == TR_TOK_BPE) {
-            if ((st = tr_bpe_encode(t, text + f->off, f->len, out, err))) goto done;
+            if ((st = tr_bpe_encode(t, text + f->off, f->len, out, drops, err))) goto done;
             continue;
         }
         /* SPM: optional leading space, then every space as U+2581 */
@@ -141,7 +141,7 @@ tr_status tr_tokenize_buf(const tr_tokenizer *t, const char *text, size_t len, b
             if (!(*c == ' ' ? tr_cbuf_append(&buf, "\xe2\x96\x81", 3) : tr_cbuf_append(&buf, c, 1)))
                 goto oom;
         }
-        if ((st = tr_spm_encode(t, buf.p, buf.n, out, err))) goto done;
+        if ((st = tr_spm_encode(t, buf.p, buf.n, out, drops, err))) goto done;
         prev_special = false;
     }
     if (add_special && t->add_eos && !tr_ibuf_push(out, t->special[TR_SPECIAL_EOS])) goto oom;
@@ -156,9 +156,19 @@ done:
 
 tr_status tr_tokenize(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
                       bool parse_special, int32_t *out, size_t cap, size_t *n_out, tr_error *err) {
+    return tr_tokenize_ex(t, text, len, add_special, parse_special, out, cap, n_out, NULL, NULL,
+                          err);
+}
+
+tr_status tr_tokenize_ex(const tr_tokenizer *t, const char *text, size_t len, bool add_special,
+                         bool parse_special, int32_t *out, size_t cap, size_t *n_out,
+                         size_t *n_dropped, int *first_dropped, tr_error *err) {
     tr_ibuf ids = {0};
+    tr_tok_drops drops = {0, -1};
     *n_out = 0;
-    tr_status st = tr_tokenize_buf(t, text, len, add_special, parse_special, &ids, err);
+    tr_status st = tr_tokenize_buf(t, text, len, add_special, parse_special, &ids, &drops, err);
+    if (n_dropped) *n_dropped = drops.n;
+    if (first_dropped) *first_dropped = drops.first;
     if (st) {
         tr_ibuf_free(&ids);
         return st;

@@ -5,6 +5,7 @@
  * text before BPE/SPM. Plus the accessors.
  */
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,21 @@ static char *dup_str(const char *p, size_t n) {
 static bool str_is(tr_str s, const char *lit) {
     size_t n = strlen(lit);
     return s.len == n && (!n || !memcmp(s.ptr, lit, n));
+}
+
+/* adds to the tokenizer's warning ("; " between items); later items are cut if it is full */
+static void warn(tr_tokenizer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void warn(tr_tokenizer *t, const char *fmt, ...) {
+    size_t used = strlen(t->warning);
+    if (used + 3 >= sizeof t->warning) return;
+    if (used) {
+        memcpy(t->warning + used, "; ", 3);
+        used += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->warning + used, sizeof t->warning - used, fmt, ap);
+    va_end(ap);
 }
 
 static bool tok_is(const tr_tokenizer *t, int32_t id, const char *lit) {
@@ -240,8 +256,21 @@ static tr_status load_tokens(tr_tokenizer *t, const tr_gguf *g, tr_error *err) {
         t->pool[off + e->len] = 0;
         off += e->len + 1;
         if (e->len > t->max_token_len) t->max_token_len = e->len;
-        e->score = fscores ? fscores[i] : iscores ? (float)iscores[i] : 0.0f;
-        e->type = types ? types[i] : TR_TOKEN_TYPE_NORMAL;
+        /* the arrays' data has no alignment guarantee beyond malloc's, read them bytewise */
+        if (fscores) memcpy(&e->score, (const char *)fscores + 4 * i, 4);
+        else if (iscores) {
+            int32_t v;
+            memcpy(&v, (const char *)iscores + 4 * i, 4);
+            e->score = (float)v;
+        } else e->score = 0.0f;
+        if (types) memcpy(&e->type, (const char *)types + 4 * i, 4);
+        else e->type = TR_TOKEN_TYPE_NORMAL;
+        /* a type outside the enum would render as nothing: text lost without a word */
+        if (e->type < TR_TOKEN_TYPE_UNDEFINED || e->type > TR_TOKEN_TYPE_BYTE)
+            return tr_fail(err, TR_E_FORMAT,
+                           "%s[%llu] = %d is not a token type (0 undefined, 1 normal, 2 unknown, "
+                           "3 control, 4 user-defined, 5 unused, 6 byte)",
+                           KV("token_type"), (unsigned long long)i, e->type);
         switch (e->type) {
         case TR_TOKEN_TYPE_UNKNOWN: e->attr = TR_TOKEN_ATTR_UNKNOWN; break;
         case TR_TOKEN_TYPE_UNUSED: e->attr = TR_TOKEN_ATTR_UNUSED; break;
@@ -292,7 +321,8 @@ static tr_status load_merges(tr_tokenizer *t, const tr_gguf *g, tr_error *err) {
     if (!t->mpool || !t->merges || !tr_hmap_init(&t->mergemap, n))
         return tr_fail(err, TR_E_NOMEM, "out of memory for %llu merges", (unsigned long long)n);
     t->n_merges = n;
-    size_t off = 0;
+    size_t off = 0, n_bad = 0;
+    uint64_t first_bad = 0;
     for (uint64_t i = 0; i < n; i++) {
         tr_str s = tr_gguf_arr_str(g, mi, i);
         tr_merge *m = &t->merges[i];
@@ -303,7 +333,10 @@ static tr_status load_merges(tr_tokenizer *t, const tr_gguf *g, tr_error *err) {
         /* split at the first space at index >= 1; llama.cpp stores an entry without one as an
          * empty pair, which no lookup can match, so it is simply left out here */
         const char *p = s.len > 1 ? memchr(s.ptr + 1, ' ', (size_t)s.len - 1) : NULL;
-        if (!p) continue;
+        if (!p || p == s.ptr + s.len - 1) {
+            if (!n_bad++) first_bad = i;
+            if (!p) continue;
+        }
         m->llen = (uint32_t)(p - s.ptr);
         m->rlen = (uint32_t)(s.len - m->llen - 1);
         const char *ms = t->mpool + m->off;
@@ -320,6 +353,13 @@ static tr_status load_merges(tr_tokenizer *t, const tr_gguf *g, tr_error *err) {
                 break; /* a repeated pair keeps its first (lowest) rank, as std::map::emplace */
             h = (h + 1) & t->mergemap.mask;
         }
+    }
+    if (n_bad) {
+        const tr_merge *b = &t->merges[first_bad];
+        const size_t blen = strlen(t->mpool + b->off);
+        warn(t, "%s: %zu of %llu merges are not two parts separated by a space (the first: [%llu] "
+             "'%.*s'); they are ignored", KV("merges"), n_bad, (unsigned long long)n,
+             (unsigned long long)first_bad, (int)(blen > 40 ? 40 : blen), t->mpool + b->off);
     }
     return TR_OK;
 }
@@ -357,8 +397,17 @@ static tr_status load_special_ids(tr_tokenizer *t, const tr_gguf *g, tr_error *e
         if (!tr_gguf_get_int(g, i, &v))
             return tr_fail(err, TR_E_FORMAT, "key %s has type %s, expected an integer",
                            special_keys[k].key, tr_gguf_vtype_name(tr_gguf_kv_type(g, i)));
-        /* llama.cpp ignores an out-of-range id and keeps the default */
-        if (v >= 0 && v < t->n_vocab) *id = (int32_t)v;
+        /* llama.cpp ignores an out-of-range id and keeps the default; an end-of-generation
+         * token that is not the file's would stop (or not stop) at the wrong place, so say so */
+        if (v >= 0 && v < t->n_vocab) {
+            *id = (int32_t)v;
+        } else if (*id >= 0) {
+            warn(t, "%s = %lld is outside the vocabulary of %d tokens: ignored, id %d is used",
+                 special_keys[k].key, (long long)v, t->n_vocab, *id);
+        } else {
+            warn(t, "%s = %lld is outside the vocabulary of %d tokens: ignored", special_keys[k].key,
+                 (long long)v, t->n_vocab);
+        }
     }
     return TR_OK;
 }
@@ -579,6 +628,24 @@ static void model_attrs(tr_tokenizer *t, const char *pre, const char *arch, cons
     }
 }
 
+/* Text that no token covers falls back to one token per byte: the 256 characters of the GPT-2
+ * byte alphabet in byte-level BPE. A vocabulary with none of them would drop every character
+ * that is not part of a whole token: refused. Real ones lack a few (controls, bytes that never
+ * occur in UTF-8); what a text loses to those is counted by tr_tokenize_ex, so the caller can
+ * say so when it happens. */
+static tr_status check_bytes(const tr_tokenizer *t, tr_error *err) {
+    if (t->kind != TR_TOK_BPE || !t->byte_encode) return TR_OK;
+    for (int b = 0; b < 256; b++) {
+        char u[4];
+        const size_t n = tr_utf8_encode(tr_byte_to_cp((unsigned char)b), u);
+        if (tr_vocab_find(t, u, n) >= 0) return TR_OK;
+    }
+    return tr_fail(err, TR_E_FORMAT,
+                   "%s holds none of the 256 byte tokens of a byte-level BPE vocabulary (the GPT-2 "
+                   "byte alphabet): every character that is not part of a whole token would be "
+                   "dropped", KV("tokens"));
+}
+
 static const char *const unsupported_models[] = {
     "bert", "t5", "rwkv", "plamo2", "no_vocab", "none", "hybriddna", "whitespace", NULL};
 
@@ -650,6 +717,7 @@ static tr_status load(tr_tokenizer *t, const tr_gguf *g, tr_error *err) {
     }
 
     if ((st = load_special_ids(t, g, err))) return st;
+    if ((st = check_bytes(t, err))) return st;
     if ((st = get_bool(g, KV("add_bos_token"), &t->add_bos, NULL, err))) return st;
     if ((st = get_bool(g, KV("add_eos_token"), &t->add_eos, NULL, err))) return st;
     if ((st = get_bool(g, KV("add_sep_token"), &t->add_sep, NULL, err))) return st;
@@ -683,7 +751,7 @@ static tr_status load(tr_tokenizer *t, const tr_gguf *g, tr_error *err) {
         t->special[TR_SPECIAL_NL] = nl >= 0 ? nl : t->special[TR_SPECIAL_PAD];
     } else {
         tr_ibuf ids = {0};
-        if ((st = tr_tokenize_buf(t, "\n", 1, false, false, &ids, err))) return st;
+        if ((st = tr_tokenize_buf(t, "\n", 1, false, false, &ids, NULL, err))) return st;
         t->special[TR_SPECIAL_NL] = ids.n ? ids.v[0] : t->special[TR_SPECIAL_PAD];
         tr_ibuf_free(&ids);
     }
@@ -724,6 +792,9 @@ void tr_tokenizer_free(tr_tokenizer *t) {
 
 /* ---- accessors ------------------------------------------------------------------------------- */
 
+const char *tr_tokenizer_warning(const tr_tokenizer *t) {
+    return t->warning[0] ? t->warning : NULL;
+}
 tr_tok_kind tr_tokenizer_kind(const tr_tokenizer *t) { return t->kind; }
 const char *tr_tokenizer_model(const tr_tokenizer *t) { return t->model; }
 const char *tr_tokenizer_pre(const tr_tokenizer *t) { return t->pre; }

@@ -8,10 +8,14 @@
   parity.py record TERRACE REFS.json   — make parity: run llama.cpp (.venv-peer) on the same files
                                          and tokens, store its top-K logits per position, and
                                          compare live, including Q4_K_M files quantized by llama.cpp
+  check ... [--archs A1,A2] [--types T1,T2] [--one-batch]
+                                       — a subset (the emulated aarch64 suite, within its time):
+                                         those architectures and weight types, one batch of 512
 
 What is stored per (arch, type): the model file's sha256, the token ids, and for each position
 llama.cpp's top-K token ids with their logits. Compared: top-1 agreement (terrace's argmax ==
-llama.cpp's), and the largest |terrace - llama.cpp| over the stored entries.
+llama.cpp's, a position where llama.cpp's own top-2 margin is below the type's median noise bound
+counting as a near tie), and the largest |terrace - llama.cpp| over the stored entries.
 """
 import hashlib
 import json
@@ -66,13 +70,18 @@ def terrace_logits(terrace, model, toks, batch, out, extra=()):
     return np.fromfile(out, dtype=np.float32).reshape(len(toks), -1)
 
 
-def compare(ref, got):
-    """ref: {"ids": [[...]*TOPK]*n, "logits": [[...]]}; got: full [n][n_vocab]"""
+def compare(ref, got, tie):
+    """ref: {"ids": [[...]*TOPK]*n, "logits": [[...]]}; got: full [n][n_vocab]. Top-1 agreement
+    counts a position where llama.cpp's own top-1/top-2 margin is below `tie` (the type's median
+    logit noise bound) as agreeing: a near tie that equally valid summation orders break either
+    way (the x86 and Arm kernel families disagree with each other there too). Also returned: the
+    plain agreement."""
     ids = np.array(ref["ids"])
     vals = np.array(ref["logits"], dtype=np.float32)
-    top1 = float(np.mean(got.argmax(axis=1) == ids[:, 0]))
+    same = got.argmax(axis=1) == ids[:, 0]
+    top1 = float(np.mean(same | (vals[:, 0] - vals[:, 1] < tie)))
     per_pos = np.max(np.abs(np.take_along_axis(got, ids, axis=1) - vals), axis=1)
-    return top1, float(np.median(per_pos)), float(per_pos.max())
+    return top1, float(np.mean(same)), float(np.median(per_pos)), float(per_pos.max())
 
 
 def record_entry(model, toks, tmp):
@@ -87,6 +96,10 @@ def record_entry(model, toks, tmp):
 
 def main():
     mode, terrace, refs_path = sys.argv[1], sys.argv[2], sys.argv[3]
+    opts = sys.argv[4:]
+    only_types = opts[opts.index("--types") + 1].split(",") if "--types" in opts else None
+    only_archs = opts[opts.index("--archs") + 1].split(",") if "--archs" in opts else None
+    one_batch = "--one-batch" in opts
     toks = synth.token_sequence(N_TOKENS)
     refs = {}
     if mode == "check":
@@ -95,7 +108,11 @@ def main():
     failures, rows = 0, []
     with tempfile.TemporaryDirectory(prefix="terrace-parity-") as tmp:
         for arch in list(synth.ARCHS) + list(synth.MOE_ARCHS):
+            if only_archs and arch not in only_archs:
+                continue
             types = TYPES + (["Q4_K_M"] if mode == "record" else [])
+            if only_types:
+                types = [t for t in types if t in only_types]
             for qt in types:
                 key = f"{arch}/{qt}"
                 path = os.path.join(tmp, f"{arch}-{qt}.gguf")
@@ -129,7 +146,9 @@ def main():
                 # legal budget and with plain mmap experts: the budget must never change the
                 # output, bit for bit
                 runs = [(512, ()), (7, ())]
-                if arch in synth.MOE_ARCHS:
+                if one_batch:
+                    runs = [(512, ())]
+                elif arch in synth.MOE_ARCHS:
                     runs += [(512, ("--expert-cache", "min")), (512, ("--experts", "mmap"))]
                 first = None
                 for batch, extra in runs:
@@ -139,21 +158,23 @@ def main():
                         same = np.array_equal(got, first)
                         failures += not same
                         rows.append((f"{key} {' '.join(extra)}", batch, 1.0 if same else 0.0,
-                                     0.0, 0.0 if same else float("inf"), same))
+                                     1.0 if same else 0.0, 0.0, 0.0 if same else float("inf"),
+                                     same))
                         continue
                     if first is None:
                         first = got
-                    top1, med, diff = compare(entry, got)
+                    top1, raw, med, diff = compare(entry, got, MAX_MEDIAN[qt])
                     max_abs = (MAX_ABS_MOE if arch in synth.MOE_ARCHS else MAX_ABS)[qt]
                     ok = top1 >= MIN_TOP1[qt] and med <= MAX_MEDIAN[qt] and diff <= max_abs
                     failures += not ok
-                    rows.append((key, batch, top1, med, diff, ok))
-    print(f"{'model':16s} {'batch':>5s} {'top-1 agree':>11s} {'median':>9s} {'max |dlogit|':>12s}")
-    for key, batch, top1, med, diff, ok in rows:
+                    rows.append((key, batch, top1, raw, med, diff, ok))
+    print(f"{'model':16s} {'batch':>5s} {'top-1 agree':>11s} {'plain':>12s} {'median':>9s} "
+          f"{'max |dlogit|':>12s}")
+    for key, batch, top1, raw, med, diff, ok in rows:
         if " --" in key:
             print(f"{key:40s} {'identical to the default run' if ok else 'DIFFERS from the default run: FAIL'}")
             continue
-        print(f"{key:16s} {batch:5d} {100 * top1:10.1f}% {med:9.2e} {diff:12.2e}  "
+        print(f"{key:16s} {batch:5d} {100 * top1:10.1f}% {100 * raw:11.1f}% {med:9.2e} {diff:12.2e}  "
               f"{'ok' if ok else 'FAIL'}")
     if mode == "record":
         with open(refs_path, "w") as f:

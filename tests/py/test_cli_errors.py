@@ -115,12 +115,13 @@ def main():
                ["--kv-spec", "--kv-tail"])
         expect("--kv-host-keys without the agent", ["run", "-m", good, "-p", "x", "-c", "256",
                                                     "--kv-policy", "tiered", "--kv-hot", "64K",
-                                                    "--kv-cold", tmp, "--kv-host-keys", "64"], 1,
-               ["--kv-host-keys 64", "needs the storage agent"])
+                                                    "--kv-cold", tmp, "--kv-host-keys", "64"], 2,
+               ["--kv-host-keys", "needs the storage agent (--csd)"])
         expect("bad --kv-host-keys", ["run", "-m", good, "-p", "x", "--kv-host-keys", "0"], 2,
                ["--kv-host-keys"])
         expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
-                                            "--kv-tail", "4"], 1, ["--kv-tail 4", "tiered"])
+                                            "--kv-tail", "4"], 2,
+               ["--kv-tail applies to --kv-policy tiered", "the policy is quest"])
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])
         expect("unknown command", ["frobnicate"], 2, ["unknown command"])
         expect("chat: no template", ["chat", "-m", good, "-p", "hi"], 1, ["--chat-template"])

@@ -95,12 +95,12 @@ TR_ALWAYS_INLINE void q32_step(const int kind, const int nc, const char *wblk, c
     for (int j = 0; j < nc; j++) {
         /* Q8_0 and Q8_1 blocks both start with d; Q8_1 has s next, then the codes */
         const char *y = a[j] + (size_t)b * q32_abytes(kind);
-        const tr_half *yh = (const tr_half *)y;
         const int8_t *yq =
             q32_with_min(kind) ? ((const tr_blk_q8_1 *)y)->qs : ((const tr_blk_q8_0 *)y)->qs;
         const __m256i p = q32_dot(kind, q, uq, yq);
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x86_f16(yh[0])), _mm256_cvtepi32_ps(p), acc[j]);
-        if (q32_with_min(kind)) msum[j] += m * x86_f16(yh[1]);
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * x86_f16(tr_load_u16(y))),
+                                 _mm256_cvtepi32_ps(p), acc[j]);
+        if (q32_with_min(kind)) msum[j] += m * x86_f16(tr_load_u16(y + 2));
     }
 }
 
