@@ -680,6 +680,46 @@ static void check_elementwise(const tr_kernels *fast, tu_rng *r) {
     free(table);
 }
 
+/* A NaN that enters attention (a query element: weights with a NaN scale) or SwiGLU (a gate)
+ * must come out as NaN, as from the references, so the forward pass's finiteness checks see
+ * corrupt weights instead of a plausible answer (a vector exp whose clamps drop NaN did that). */
+static void check_nan(const tr_kernels *fast, tu_rng *r) {
+    const int hd = 64, n_ctx = 100;
+    uint16_t *K = malloc(2 * (size_t)n_ctx * hd), *V = malloc(2 * (size_t)n_ctx * hd);
+    for (int i = 0; i < n_ctx * hd; i++) {
+        K[i] = tr_f32_to_f16(tu_normal(r));
+        V[i] = tr_f32_to_f16(tu_normal(r));
+    }
+    const tr_attn_kv kv = {.k = K, .k_pos = (size_t)hd, .v = V, .v_pos = (size_t)hd, .v_dim = 1,
+                           .hd_k = hd, .hd_v = hd, .scale = 0.125f};
+    float q[4][64], out[4][64];
+    tr_attn_q qs[4];
+    for (int i = 0; i < 4; i++) {
+        for (int d = 0; d < hd; d++) q[i][d] = tu_normal(r);
+        qs[i] = (tr_attn_q){q[i], out[i], 0, n_ctx - 4 + i, -INFINITY};
+    }
+    q[2][5] = NAN;
+    float *scratch = malloc(sizeof(float) * tr_attn_scratch_floats(n_ctx, hd, hd));
+    tr_attn_f16_of(fast)(4, qs, &kv, scratch);
+    for (int i = 0; i < 4; i++)
+        for (int d = 0; d < hd; d++)
+            TU_CHECK(i == 2 ? isnan(out[i][d]) : isfinite(out[i][d]),
+                     "%s attn with a NaN in query 2: query %d dim %d gives %g", fast->isa, i, d,
+                     out[i][d]);
+    if (fast->swiglu) {
+        float g[40], u[40];
+        for (int i = 0; i < 40; i++) g[i] = tu_normal(r), u[i] = tu_normal(r);
+        g[3] = g[17] = g[38] = NAN; /* in a vector and in the tail */
+        fast->swiglu(g, u, 40);
+        for (int i = 0; i < 40; i++)
+            TU_CHECK((i == 3 || i == 17 || i == 38) ? isnan(g[i]) : isfinite(g[i]),
+                     "%s swiglu with NaN gates: [%d] gives %g", fast->isa, i, g[i]);
+    }
+    free(scratch);
+    free(K);
+    free(V);
+}
+
 /* Negative control: results of simulated kernel bugs must fail the check. The bugs are made on
  * the reference (so they are exactly what a broken kernel would return for these inputs):
  *   decode - every code byte of the last block XOR 0x11 (two nibbles / bit fields off by one
@@ -920,6 +960,7 @@ int main(int argc, char **argv) {
                 for (int nb = 1; nb <= 5; nb++) check_axpy_rows(fams[f], ti, nb * 32, &r);
         for (int rep = 0; rep < 4; rep++) check_axpy_f16(fams[f], &r);
         check_elementwise(fams[f], &r);
+        check_nan(fams[f], &r);
         double worst = 0;
         for (int rep = 0; rep < 3; rep++) check_attn(fams[f], &r, &worst);
         printf("  %-6s attn_f16 within %.1f%% of its tolerance of the reference\n", fams[f]->isa,

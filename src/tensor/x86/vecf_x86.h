@@ -50,18 +50,20 @@ TR_ALWAYS_INLINE float av_hmax(__m256 v) {
  * where expf turns subnormal, and where the -inf of masked attention keys lands) it returns 0,
  * from the first float above ln(FLT_MAX) on +inf as expf does (so SiLU's x / (1 + exp(-x)) is
  * ±0 there, not a subnormal), and exp(88.3) between 88.3 and that. Within 2 ulp of expf below
- * 88.3. llama.cpp's CPU softmax and SiLU use an approximation of their own of the same accuracy. */
+ * 88.3. llama.cpp's CPU softmax and SiLU use an approximation of their own of the same accuracy.
+ * NaN gives NaN, as expf does: the clamps take x as their second operand, which max/min return
+ * when either is NaN (a NaN score or gate must reach the forward pass's finiteness checks). */
 TR_ALWAYS_INLINE av_f av_exp(av_f x) {
 #if AV_W == 16
     const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_LT_OQ);
     const __mmask16 huge = _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GE_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-86.0f)), _mm512_set1_ps(88.3f));
+    x = _mm512_min_ps(_mm512_set1_ps(88.3f), _mm512_max_ps(_mm512_set1_ps(-86.0f), x));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #else
     const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_LT_OQ);
     const __m256 huge = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GE_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.0f)), _mm256_set1_ps(88.3f));
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-86.0f), x));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #endif
