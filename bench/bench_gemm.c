@@ -13,9 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tensor/fp16.h"
-#include "tensor/kernels.h"
-#include "tensor/matmul.h"
+#include "terrace_seam.h"
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -44,13 +42,13 @@ static void fill(tr_type t, uint8_t *p, size_t bytes) {
     if (t == TR_TYPE_F16 || t == TR_TYPE_BF16) {
         for (size_t i = 0; i + 2 <= bytes; i += 2) {
             const float v = (float)((int)(next() % 2001) - 1000) / 1000.0f;
-            const uint16_t h = t == TR_TYPE_F16 ? tr_f32_to_f16(v) : tr_f32_to_bf16(v);
+            const uint16_t h = t == TR_TYPE_F16 ? tr_seam_f32_to_f16(v) : tr_seam_f32_to_bf16(v);
             memcpy(p + i, &h, 2);
         }
         return;
     }
     const size_t bb = tr_type_block_bytes(t);
-    const uint16_t h = tr_f32_to_f16(0.01f);
+    const uint16_t h = tr_seam_f32_to_f16(0.01f);
     for (size_t b = 0; b + bb <= bytes; b += bb) {
         if (t == TR_TYPE_MXFP4) p[b] = 120;
         /* d (and m/dmin) lead most layouts; Q2_K, Q3_K, Q6_K keep d at the end */
@@ -63,13 +61,20 @@ static void fill(tr_type t, uint8_t *p, size_t bytes) {
     }
 }
 
-static double run(const tr_kernels *k, const tr_mat *W, const float *x, int64_t M, float *y,
-                  void *scratch, int reps) {
-    tr_matmul(NULL, k, W, x, M, y, scratch); /* warm-up */
+typedef struct mat {
+    tr_type t;
+    const void *w;
+    size_t rb;
+    int64_t n_in, n_out;
+} mat;
+
+static double run(const tr_kernels *k, bool gemm, const mat *W, const float *x, int64_t M,
+                  float *y, void *scratch, int reps) {
+    tr_seam_matmul(NULL, k, gemm, W->t, W->w, W->rb, W->n_in, W->n_out, x, M, y, scratch); /* warm-up */
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         const double t0 = cpu_s();
-        tr_matmul(NULL, k, W, x, M, y, scratch);
+        tr_seam_matmul(NULL, k, gemm, W->t, W->w, W->rb, W->n_in, W->n_out, x, M, y, scratch);
         const double t = cpu_s() - t0;
         if (t < best) best = t;
     }
@@ -99,14 +104,12 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    const tr_kernels *k = isa ? tr_kernels_by_name(isa) : tr_kernels_best();
+    const tr_kernels *k = tr_seam_kernels(isa);
     if (!k) {
         fprintf(stderr, "bench_gemm: kernel family %s is not available here\n", isa);
         return 1;
     }
-    tr_kernels rowk = *k; /* the same family without its gemm: the per-row path */
-    memset(rowk.gemm, 0, sizeof rowk.gemm);
-    printf("bench_gemm: %s, one thread, M=%lld N=%lld K=%lld, best of %d, CPU time\n", k->isa,
+    printf("bench_gemm: %s, one thread, M=%lld N=%lld K=%lld, best of %d, CPU time\n", tr_seam_kernels_isa(k),
            (long long)M, (long long)N, (long long)K, reps);
     printf("| type | gemm GMAC/s | MAC/cycle @%.2f GHz | per-row GMAC/s | gemm / per-row |\n", ghz);
     printf("|---|---:|---:|---:|---:|\n");
@@ -125,13 +128,13 @@ int main(int argc, char **argv) {
         uint8_t *w = malloc(rb * (size_t)N);
         float *x = malloc(sizeof(float) * (size_t)(M * K));
         float *y = malloc(sizeof(float) * (size_t)(M * N));
-        void *scratch = malloc(tr_matmul_scratch_size(t, K, M));
+        void *scratch = malloc(tr_seam_matmul_scratch(t, K, M));
         fill(t, w, rb * (size_t)N);
         for (int64_t i = 0; i < M * K; i++) x[i] = (float)((int)(next() % 2001) - 1000) / 500.0f;
-        const tr_mat W = {.type = t, .n_in = K, .n_out = N, .data = w, .row_bytes = rb};
+        const mat W = {.t = t, .w = w, .rb = rb, .n_in = K, .n_out = N};
         const double macs = (double)M * (double)N * (double)K;
-        const double tg = run(k, &W, x, M, y, scratch, reps);
-        const double tr = ref ? run(&rowk, &W, x, M, y, scratch, reps) : 0;
+        const double tg = run(k, true, &W, x, M, y, scratch, reps);
+        const double tr = ref ? run(k, false, &W, x, M, y, scratch, reps) : 0;
         printf("| %s | %.1f | %.1f | %s%.1f | %.2fx |\n", name, macs / tg * 1e-9,
                macs / tg / (ghz * 1e9), ref ? "" : "-", ref ? macs / tr * 1e-9 : 0.0,
                ref ? tr / tg : 0.0);
