@@ -16,11 +16,10 @@ WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpoi
            -Wvla -Wformat=2
 # -ffp-contract=off: no silent FMA contraction, so scalar kernels are bit-exact with ggml's
 CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-math-errno $(INC) $(WARN)
-# the library, its tests and benchmarks see src/; tools/ see the public header only (the CLI is
-# the API's first user), except the files named below until their subsystem has a public door
+# the library, its tests and benchmarks see src/; tools/ see the public headers only (the CLI is
+# the API's first user)
 INC = -Iinclude -Isrc
 TOOLS_INC = -Iinclude
-INC_tools/replay.c := -Isrc
 OPT     ?= -O2 -g
 CFLAGS  ?=
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS) $(if $(WERROR),-Werror)
@@ -122,7 +121,7 @@ install: all $(BUILD)/libterrace.a $(BUILD)/terrace.pc $(BUILD)/terrace.1
 	ln -sf libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libterrace.so
 	install -m 644 $(BUILD)/libterrace.a $(DESTDIR)$(LIBDIR)/
-	install -m 644 include/terrace.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 include/terrace.h include/terrace_replay.h $(DESTDIR)$(INCLUDEDIR)/
 	install -m 644 $(BUILD)/terrace.pc $(DESTDIR)$(PCDIR)/
 	install -m 644 $(BUILD)/terrace.1 $(DESTDIR)$(MANDIR)/man1/
 	install -m 644 LICENSE README.md $(DESTDIR)$(DOCDIR)/
@@ -131,7 +130,8 @@ uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/terrace $(DESTDIR)$(BINDIR)/terrace-storaged \
 	    $(DESTDIR)$(LIBDIR)/libterrace.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME) \
 	    $(DESTDIR)$(LIBDIR)/libterrace.so $(DESTDIR)$(LIBDIR)/libterrace.a \
-	    $(DESTDIR)$(INCLUDEDIR)/terrace.h $(DESTDIR)$(PCDIR)/terrace.pc \
+	    $(DESTDIR)$(INCLUDEDIR)/terrace.h $(DESTDIR)$(INCLUDEDIR)/terrace_replay.h \
+	    $(DESTDIR)$(PCDIR)/terrace.pc \
 	    $(DESTDIR)$(MANDIR)/man1/terrace.1 $(DESTDIR)$(DOCDIR)/LICENSE $(DESTDIR)$(DOCDIR)/README.md
 	-rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null
 

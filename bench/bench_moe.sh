@@ -3,16 +3,23 @@
 # experts, top-8, expert FFN 512, hidden 1024; random weights, quantized by llama.cpp) run inside
 # a memory cgroup capped at half the file size (page cache counted), caches dropped before each
 # run, 64 generated tokens:
-#   terrace with the expert cache | terrace --experts mmap | llama.cpp (mmap, repacking off)
-# plus, in the same run, what `dd iflag=direct` reads from the same file, and terrace uncapped
-# with a budget that holds every expert next to its dense path (--experts mmap, warm).
-# Needs root (cgroup v1 memory controller, drop_caches). Results: bench/results/moe.md.
+#   terrace's default (--expert-cache auto, adaptive policy) with and without the router
+#   lookahead, LRU at the same budget, the previous default (the old auto budget and policy
+#   layered, given explicitly), read-ahead of 8 experts, terrace --experts mmap, llama.cpp (mmap,
+#   repacking off)
+# and, in the same run, the physical limit of the capped run: terrace uncapped with every expert
+# cached (the compute side), the disk's rate for expert-sized O_DIRECT reads at terrace's queue
+# depth (bench/disk_rate.py), the bytes each capped run missed per token, and dd's rate.
+# REPS (default 3) rounds of the main capped runs, interleaved. Needs root (cgroup v1 memory
+# controller, drop_caches). Results: bench/results/moe.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-$(nproc)}
 NGEN=${NGEN:-64}
+REPS=${REPS:-3}
 OUT=bench/results/moe.md
 CG=/sys/fs/cgroup/memory/terrace-bench
+RAW=build/bench/moe-runs.jsonl
 mkdir -p bench/results build/bench
 
 model=build/bench/qwen3moe-1g-Q4_K_M.gguf
@@ -33,18 +40,39 @@ echo "$cap" > "$CG/memory.limit_in_bytes"
 echo 0 > "$CG/memory.swappiness" 2>/dev/null || true
 
 drop() { sync; echo 1 > /proc/sys/vm/drop_caches; }
-# run a command inside the capped cgroup
-capped() { bash -c 'echo $$ > '"$CG"'/cgroup.procs; exec "$@"' _ "$@"; }
+# run a command inside the capped cgroup, its peak usage reset first
+capped() {
+    echo 0 > "$CG/memory.max_usage_in_bytes" 2>/dev/null || true
+    bash -c 'echo $$ > '"$CG"'/cgroup.procs; exec "$@"' _ "$@"
+}
 
 prompt="Once upon a time"
-toks=$(python3 -c "print(','.join(str((i * 37 + 11) % 1000) for i in range(16)))")
+rm -f "$RAW"
 
-# 1. dd: the storage's direct-read bandwidth on this file
+# 1. the storage: dd's sequential direct reads, and expert-sized O_DIRECT reads at the queue depth
+#    terrace uses (--io-threads default 4, 512 KiB chunks) and at 1
 drop
 dd_out=$(dd if="$model" of=/dev/null bs=4M iflag=direct 2>&1 | tail -1)
 dd_gbs=$(echo "$dd_out" | awk '{for (i=1;i<=NF;i++) if ($i ~ /[GM]B\/s/) {v=$(i-1); u=$i}} END {if (u=="MB/s") v=v/1000; print v}')
+drop
+disk4=$(.venv/bin/python3 bench/disk_rate.py "$model" --threads 4 --json)
+drop
+disk1=$(.venv/bin/python3 bench/disk_rate.py "$model" --threads 1 --json)
 
-# 2. terrace, expert cache (budget: auto = the cgroup limit minus dense weights and headroom)
+# 2. the previous default's budget: the cap less the dense weights, a default session, an eighth
+#    of the cap and 96 MiB (what `auto` chose before it measured the headroom)
+plan0=$(./build/terrace run -m "$model" -p "x" -n 1 --temp 0 --mem-budget "$cap" --expert-policy lru 2>&1 >/dev/null | grep "expert cache auto" || true)
+old_budget=$(python3 - "$plan0" "$cap" <<'PY'
+import re, sys
+line, cap = sys.argv[1], int(sys.argv[2])
+dense = float(re.search(r"dense weights (\d+) MiB", line).group(1))
+sess = float(re.search(r"session (\d+) MiB", line).group(1))
+mib = 1 << 20
+print(int(cap - dense * mib - sess * mib - cap / 8 - 96 * mib))
+PY
+)
+
+# 3. capped runs
 run_terrace() { # label, extra flags...
     local label=$1
     shift
@@ -54,30 +82,46 @@ run_terrace() { # label, extra flags...
     capped ./build/terrace run -m "$model" -p "$prompt" -n "$NGEN" --temp 0 --ignore-eos -t "$THREADS" -c 256 \
         --no-display-prompt --telemetry "$tel" "$@" >/dev/null 2>build/bench/moe-$label.err || {
         echo "bench: terrace $label failed:" >&2; tail -5 build/bench/moe-$label.err >&2; return 1; }
-    python3 - "$tel" build/bench/moe-$label.err <<'PY'
+    local cg_peak
+    cg_peak=$(cat "$CG/memory.max_usage_in_bytes" 2>/dev/null || echo 0)
+    python3 - "$tel" build/bench/moe-$label.err "$label" "$cg_peak" >> "$RAW" <<'PY'
 import json, sys, re
 rows = [json.loads(l) for l in open(sys.argv[1])]
 err = open(sys.argv[2]).read()
 m = re.search(r"generated\s+(\d+) tokens\s+([\d.]+) ms\s+([\d.]+) tok/s", err)
-last = rows[-1]
-dec_ms = float(m.group(2))
 pf = re.search(r"prefetch\s+(\d+) predictions, ([\d.]+)% right; (\d+) reads issued, (\d+) used", err)
-print(json.dumps({"tok_s": float(m.group(3)), "majflt": last["majflt"], "bytes_read": last["bytes_read"],
-                  "pf_acc": float(pf.group(2)) if pf else None, "pf_issued": int(pf.group(3)) if pf else 0,
-                  "pf_used": int(pf.group(4)) if pf else 0,
-                  "pf_wasted_mb": last["prefetch_wasted_bytes"] / 2**20,
-                  "hit_rate": last["hit_rate"], "io_wait_ms": last["io_wait_ms"],
-                  "read_gbs": last["bytes_read"] / max(1e-9, last["io_busy_ms"] / 1e3) / 1e9,
-                  "io_busy_ms": last["io_busy_ms"], "wall_ms": last["t_ms"],
-                  "rss_mb": max(r["rss_mb"] for r in rows)}))
+plan = re.search(r"expert cache auto: (.*)", err)
+last = rows[-1]
+# steady state: from the 9th token on (the first ones fill the cache and touch its tables)
+a, b = rows[min(8, len(rows) - 2)], last
+n_ss = b["token"] - a["token"]
+dec_ms = (b["t_ms"] - a["t_ms"]) / n_ss
+print(json.dumps({
+    "label": sys.argv[3], "tok_s": float(m.group(3)), "majflt": last["majflt"],
+    "bytes_read": last["bytes_read"], "hit_rate": last["hit_rate"],
+    "io_wait_ms": last["io_wait_ms"], "io_busy_ms": last["io_busy_ms"], "wall_ms": last["t_ms"],
+    "read_gbs": last["bytes_read"] / max(1e-9, last["io_busy_ms"] / 1e3) / 1e9,
+    "rss_mb": max(r["rss_mb"] for r in rows), "cg_peak_mb": int(sys.argv[4]) / 2**20,
+    "budget_mb": last["budget_bytes"] / 2**20,
+    "missed_per_tok": (b["bytes_read"] - a["bytes_read"]) / n_ss,
+    "dec_ms_per_tok": dec_ms,
+    "policy_us_per_tok": 1e3 * (b["policy_ms"] - a["policy_ms"]) / n_ss,
+    "protected_evictions": last["protected_evictions"],
+    "pf_acc": float(pf.group(2)) if pf else None, "pf_issued": int(pf.group(3)) if pf else 0,
+    "pf_used": int(pf.group(4)) if pf else 0, "pf_wasted_mb": last["prefetch_wasted_bytes"] / 2**20,
+    "plan": plan.group(1) if plan else None}))
 PY
 }
-cache=$(run_terrace cache)
-lru=$(run_terrace lru --expert-policy lru)
-prefetch=$(run_terrace prefetch --expert-prefetch 8)
-mmapr=$(run_terrace mmap --experts mmap)
+for r in $(seq "$REPS"); do
+    run_terrace "adaptive-$r" --expert-lookahead off
+    run_terrace "lookahead-$r" --expert-lookahead on
+    run_terrace "lru-$r" --expert-policy lru --expert-lookahead off
+    run_terrace "previous-$r" --expert-cache "$old_budget" --expert-policy layered --expert-lookahead off
+done
+run_terrace prefetch --expert-prefetch 8 --expert-lookahead off
+run_terrace mmap --experts mmap
 
-# 3. llama.cpp: mmap, weight repacking off (use_extra_bufts = false), inside the same cgroup
+# 4. llama.cpp: mmap, weight repacking off (use_extra_bufts = false), inside the same cgroup
 drop
 llama=$(capped .venv-peer/bin/python3 - "$model" "$NGEN" "$THREADS" <<'PY'
 import json, resource, sys, time
@@ -104,51 +148,105 @@ print(json.dumps({"tok_s": n / dt, "majflt": ru.ru_majflt, "rss_mb": ru.ru_maxrs
 PY
 )
 
-# 4. uncapped: a budget that holds every expert vs the dense path (warm page cache, 3 runs each)
+# 5. uncapped: a budget that holds every expert vs the dense path (warm page cache, 5 runs each)
 full=$(./build/terrace bench -m "$model" -p 0 -n "$NGEN" -r 5 -t "$THREADS" --expert-cache 4G --json)
 dense=$(./build/terrace bench -m "$model" -p 0 -n "$NGEN" -r 5 -t "$THREADS" --experts mmap --json)
 
-python3 - "$model" "$size" "$cap" "$dd_gbs" "$cache" "$mmapr" "$llama" "$full" "$dense" "$THREADS" "$NGEN" "$lru" "$prefetch" > "$OUT" <<'PY'
-import json, sys, datetime
-model, size, cap, dd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-cache, mm, ll = (json.loads(x) for x in sys.argv[5:8])
-full, dense = json.loads(sys.argv[8])[0], json.loads(sys.argv[9])[0]
-threads, ngen = sys.argv[10], sys.argv[11]
-lru, pf = json.loads(sys.argv[12]), json.loads(sys.argv[13])
+python3 - "$model" "$size" "$cap" "$dd_gbs" "$RAW" "$llama" "$full" "$dense" "$THREADS" "$NGEN" \
+    "$disk4" "$disk1" "$old_budget" "$(git rev-parse --short HEAD)" \
+    "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" "$(grep -o -m1 'avx512f' /proc/cpuinfo || echo avx2)" > "$OUT" <<'PY'
+import json, sys, datetime, statistics as S
+(model, size, cap, dd, raw, ll, full, dense, threads, ngen, disk4, disk1, old_budget, commit,
+ cpu, isa) = sys.argv[1:17]
+size, cap, dd, old_budget = int(size), int(cap), float(dd), int(old_budget)
+ll, full, dense = json.loads(ll), json.loads(full)[0], json.loads(dense)[0]
+d4, d1 = json.loads(disk4), json.loads(disk1)
+runs = [json.loads(l) for l in open(raw)]
 mib = 1 << 20
+def group(name):
+    return [r for r in runs if r["label"] == name or r["label"].startswith(name + "-")]
+def mean(rs, k):
+    return S.mean(r[k] for r in rs)
+def rng(rs, k, f="{:.2f}"):
+    v = [r[k] for r in rs]
+    return f.format(S.mean(v)) + (f" ({f.format(min(v))}–{f.format(max(v))})" if len(v) > 1 else "")
+unc = full["avg_ts"]
+disk = d4["gbs"] * 1e9
+def limit(rs):
+    miss = mean(rs, "missed_per_tok")
+    return 1.0 / max(1.0 / unc, miss / disk)
 print("# MoE bigger than memory: terrace expert cache vs mmap vs llama.cpp\n")
-print(f"{datetime.date.today()}, {threads} threads, `bench/bench_moe.sh`. Model: `{model}` "
+print(f"{datetime.date.today()}, commit {commit}, {cpu} ({'AVX-512' if isa == 'avx512f' else 'AVX2'}), "
+      f"{threads} threads, `bench/bench_moe.sh` (REPS={len(group('adaptive'))}). Model: `{model}` "
       f"({size / mib:.0f} MiB; synthetic qwen3moe, 18 layers, 64 experts, top-8, expert FFN 512, "
       f"hidden 1024, Q4_K_M by llama.cpp). Memory cgroup limit {cap / mib:.0f} MiB (half the file; "
-      f"page cache counted), caches dropped before each run, {ngen} tokens decoded after a short prompt.\n")
-print("| run | tok/s | vs llama.cpp | major faults | expert bytes read | hit rate | peak RSS |")
-print("|---|---:|---:|---:|---:|---:|---:|")
-print(f"| llama.cpp (mmap, repack off) | {ll['tok_s']:.2f} | 1.00x | {ll['majflt']} | – | – | {ll['rss_mb']:.0f} MiB |")
-print(f"| terrace --experts mmap | {mm['tok_s']:.2f} | {mm['tok_s'] / ll['tok_s']:.2f}x | {mm['majflt']} | – | – | {mm['rss_mb']:.0f} MiB |")
-print(f"| **terrace expert cache** | **{cache['tok_s']:.2f}** | **{cache['tok_s'] / ll['tok_s']:.2f}x** | "
-      f"{cache['majflt']} | {cache['bytes_read'] / mib:.0f} MiB | {100 * cache['hit_rate']:.1f}% | {cache['rss_mb']:.0f} MiB |")
-print(f"| terrace expert cache, --expert-policy lru | {lru['tok_s']:.2f} | {lru['tok_s'] / ll['tok_s']:.2f}x | "
-      f"{lru['majflt']} | {lru['bytes_read'] / mib:.0f} MiB | {100 * lru['hit_rate']:.1f}% | {lru['rss_mb']:.0f} MiB |")
-print(f"| terrace expert cache, --expert-prefetch 8 | {pf['tok_s']:.2f} | {pf['tok_s'] / ll['tok_s']:.2f}x | "
-      f"{pf['majflt']} | {pf['bytes_read'] / mib:.0f} MiB | {100 * pf['hit_rate']:.1f}% | {pf['rss_mb']:.0f} MiB |")
+      f"page cache counted), caches dropped before each run, {ngen} tokens decoded after a short "
+      f"prompt, greedy. Capped rows give the mean (and range) of their rounds.\n")
+print("| run | budget MiB | tok/s | vs llama.cpp | hit rate | MiB missed/token | peak RSS MiB | cgroup peak MiB (of the cap) | policy µs/token (of decode) |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print(f"| llama.cpp (mmap, repack off) | – | {ll['tok_s']:.2f} | 1.00x | – | – | {ll['rss_mb']:.0f} | – | – |")
+rows = [("terrace default: auto budget, adaptive", "adaptive"),
+        ("… with --expert-lookahead on", "lookahead"),
+        ("… --expert-policy lru", "lru"),
+        ("the previous default (old auto budget, layered)", "previous"),
+        ("… adaptive, --expert-prefetch 8", "prefetch"),
+        ("terrace --experts mmap", "mmap")]
+for title, key in rows:
+    rs = group(key)
+    if not rs:
+        continue
+    pol = S.mean(r["policy_us_per_tok"] for r in rs)
+    dms = S.mean(r["dec_ms_per_tok"] for r in rs)
+    print(f"| {title} | {mean(rs, 'budget_mb'):.0f} | {rng(rs, 'tok_s')} | {mean(rs, 'tok_s') / ll['tok_s']:.1f}x | "
+          f"{100 * mean(rs, 'hit_rate'):.1f}% | {mean(rs, 'missed_per_tok') / mib:.1f} | {mean(rs, 'rss_mb'):.0f} | "
+          f"{mean(rs, 'cg_peak_mb'):.0f} ({100 * mean(rs, 'cg_peak_mb') * mib / cap:.0f}%) | "
+          + (f"{pol:.0f} ({100 * pol / 1e3 / dms:.2f}%)" if key != "mmap" else "–") + " |")
 print()
-print(f"- policy: default (auto = layered) vs LRU in the capped run: {100 * cache['hit_rate']:.1f}% vs "
-      f"{100 * lru['hit_rate']:.1f}% hits, {cache['tok_s']:.2f} vs {lru['tok_s']:.2f} tok/s")
-if pf["pf_acc"] is not None:
-    print(f"- prefetch (next layer's router on this layer's input, 8 experts): {pf['pf_acc']:.1f}% of the "
-          f"experts the router then chose had been predicted; {pf['pf_issued']} reads issued, {pf['pf_used']} used, "
-          f"{pf['pf_wasted_mb']:.0f} MiB wasted; I/O wait {pf['io_wait_ms']:.0f} ms vs {cache['io_wait_ms']:.0f} ms "
-          f"without; {pf['tok_s']:.2f} vs {cache['tok_s']:.2f} tok/s — "
-          + ("it pays off" if pf["tok_s"] > cache["tok_s"] * 1.02 else "it does not pay off here, so it stays off by default"))
-print(f"- major faults, expert cache vs terrace mmap: {cache['majflt']} vs {mm['majflt']} "
-      f"({100 * cache['majflt'] / max(1, mm['majflt']):.1f}%; target <= 10%)")
-print(f"- read bandwidth achieved by the expert cache: {cache['read_gbs']:.2f} GB/s (bytes read / time with a "
-      f"read in flight: {cache['io_busy_ms']:.0f} of {cache['wall_ms']:.0f} ms) "
-      f"vs `dd iflag=direct` on the same file: {dd:.2f} GB/s ({100 * cache['read_gbs'] / dd:.0f}%)")
-print(f"- I/O wait: {cache['io_wait_ms']:.0f} ms of the run")
-print(f"- uncapped, budget holding every expert: {full['avg_ts']:.2f} ± {full['stddev_ts']:.2f} tok/s vs the "
-      f"dense path (--experts mmap, warm) {dense['avg_ts']:.2f} ± {dense['stddev_ts']:.2f} tok/s "
-      f"({100 * full['avg_ts'] / dense['avg_ts']:.1f}%; target >= 95%)")
+a, la, lr, pv = group("adaptive"), group("lookahead"), group("lru"), group("previous")
+print("## The physical limit of the capped run\n")
+print(f"- uncapped, every expert cached (warm): **{unc:.2f} ± {full['stddev_ts']:.2f} tok/s** "
+      f"(the dense path through mmap: {dense['avg_ts']:.2f} ± {dense['stddev_ts']:.2f}, "
+      f"{100 * unc / dense['avg_ts']:.1f}%)")
+print(f"- the disk, expert-sized O_DIRECT reads ({d4['expert_bytes'] / 1024:.0f} KiB experts in ≤ 512 KiB "
+      f"reads) at queue depth 4 (terrace's I/O threads): **{d4['gbs']:.2f} GB/s**; at depth 1 "
+      f"{d1['gbs']:.2f} GB/s; `dd iflag=direct` sequential {dd:.2f} GB/s")
+print("- limit = 1 / max(1 / uncapped tok/s, bytes missed per token / disk rate):\n")
+print("| run | tok/s | limit tok/s | of the limit | of uncapped |")
+print("|---|---:|---:|---:|---:|")
+for title, rs in (("default (adaptive)", a), ("with lookahead", la), ("lru", lr), ("previous default", pv)):
+    if rs:
+        lim = limit(rs)
+        print(f"| {title} | {mean(rs, 'tok_s'):.2f} | {lim:.2f} | {100 * mean(rs, 'tok_s') / lim:.0f}% | "
+              f"{100 * mean(rs, 'tok_s') / unc:.0f}% |")
+print()
+if a and a[0]["plan"]:
+    print(f"- `auto` under the cap: {a[0]['plan']}")
+print(f"- the previous default's budget, given explicitly: {old_budget / mib:.0f} MiB (cap − dense weights − "
+      f"a default session − cap/8 − 96 MiB)")
+if a and pv:
+    print(f"- default vs the previous default in the same run: {mean(a, 'tok_s'):.2f} vs {mean(pv, 'tok_s'):.2f} tok/s "
+          f"({mean(a, 'tok_s') / mean(pv, 'tok_s'):.2f}x), cgroup peak {mean(a, 'cg_peak_mb'):.0f} vs "
+          f"{mean(pv, 'cg_peak_mb'):.0f} MiB")
+if a and lr:
+    print(f"- adaptive vs LRU at the same budget: {100 * mean(a, 'hit_rate'):.1f}% vs {100 * mean(lr, 'hit_rate'):.1f}% hits, "
+          f"{mean(a, 'tok_s'):.2f} vs {mean(lr, 'tok_s'):.2f} tok/s; policy time per token "
+          f"{mean(a, 'policy_us_per_tok'):.0f} vs {mean(lr, 'policy_us_per_tok'):.0f} µs "
+          f"(decode {mean(a, 'dec_ms_per_tok'):.1f} ms/token; the adaptive policy's own cost is the difference)")
+if a and la:
+    print(f"- router lookahead (protects the next layer's predicted experts, reads nothing early): "
+          f"{100 * mean(la, 'hit_rate'):.1f}% vs {100 * mean(a, 'hit_rate'):.1f}% hits, {mean(la, 'tok_s'):.2f} vs "
+          f"{mean(a, 'tok_s'):.2f} tok/s, {mean(la, 'missed_per_tok') / mib:.1f} vs {mean(a, 'missed_per_tok') / mib:.1f} "
+          f"MiB missed per token; {mean(la, 'protected_evictions'):.0f} protected experts evicted for want of others")
+pf = group("prefetch")
+if pf and pf[0]["pf_acc"] is not None:
+    p = pf[0]
+    print(f"- prefetch (next layer's router on this layer's input, 8 experts): {p['pf_acc']:.1f}% of the "
+          f"experts the router then chose had been predicted; {p['pf_issued']} reads issued, {p['pf_used']} used, "
+          f"{p['pf_wasted_mb']:.0f} MiB wasted; {p['tok_s']:.2f} tok/s")
+mm = group("mmap")
+if mm and a:
+    print(f"- major faults, default vs terrace mmap: {mean(a, 'majflt'):.0f} vs {mean(mm, 'majflt'):.0f}")
+    print(f"- read bandwidth while reading, default: {mean(a, 'read_gbs'):.2f} GB/s")
 PY
 rmdir "$CG" 2>/dev/null || true
 cat "$OUT"

@@ -259,10 +259,35 @@ typedef struct tr_model_params {
     uint64_t expert_cache_bytes; /* 0: auto — what mem_budget leaves after the dense weights;
                                     TR_EXPERT_CACHE_MIN: the smallest legal budget */
     uint64_t mem_budget_bytes;   /* 0: auto — the memory cgroup's limit, else MemAvailable */
-    const char *expert_policy;   /* NULL: "auto" (LRU unless below the LRU cliff) */
+    const char *expert_policy;   /* NULL: "auto" (= "adaptive": set dueling, src/experts) */
     int expert_prefetch;         /* experts of the next layer to read ahead (0: off) */
+    /* router lookahead: the next layer's router applied to this layer's input predicts its
+     * experts; the resident ones are kept from eviction while this layer loads, none is read
+     * early */
+    bool expert_lookahead;
     int io_threads;              /* expert I/O workers (<= 0: 4) */
+    /* the session the caller will create (context, batch), so that an auto-sized expert cache
+     * leaves room for exactly it; 0: a default session */
+    int32_t session_ctx, session_batch;
 } tr_model_params;
+
+/* How `--expert-cache auto` sized the cache (tr_model_expert_plan): the cap, what it holds
+ * besides the arena, and the budget left. */
+typedef struct tr_expert_budget_plan {
+    bool automatic;          /* false: the budget was given (nothing below is set) */
+    const char *source;      /* "memory cgroup limit", "MemAvailable", "--mem-budget" */
+    uint64_t cap_bytes;      /* the memory the process may use */
+    uint64_t in_use_bytes;   /* charged once the dense weights were read (cgroup usage or RSS) */
+    uint64_t dense_bytes;    /* the dense weights, read into memory terrace owns */
+    bool dense_cache_dropped; /* their file pages dropped from the page cache after the read */
+    uint64_t session_bytes, bookkeeping_bytes, margin_bytes;
+    uint64_t budget_bytes;   /* the arena */
+    bool holds_all;          /* capped at every expert of the model */
+    bool raised_to_min;      /* below the smallest legal budget: raised to it */
+    char how[384];           /* the same as one line of text */
+} tr_expert_budget_plan;
+
+TR_API void tr_model_expert_plan(const tr_model *m, tr_expert_budget_plan *out);
 
 TR_API tr_model_params tr_model_default_params(void);
 TR_API tr_status tr_model_load(const char *path, const tr_model_params *params, tr_model **out,
@@ -298,6 +323,8 @@ typedef struct tr_model_stats {
     uint64_t expert_evictions;
     uint64_t prefetch_issued, prefetch_used, prefetch_wasted_bytes;
     uint64_t prefetch_predicted, prefetch_correct; /* predictions made / that the router confirmed */
+    uint64_t expert_policy_ns;      /* time in the cache's policy decisions (compute thread) */
+    uint64_t protected_evictions;   /* lookahead-protected experts evicted (nothing else left) */
     uint64_t dense_bytes;           /* weights outside routed experts */
     uint64_t expert_total_bytes;    /* all routed experts in the file */
     uint64_t token_working_set;     /* one token's experts over all layers (top-k) */

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make install` into a temporary DESTDIR, then use it as a packager and an app developer would:
 #   - the files: binaries, libterrace.so.<version> with its soname and symlinks, libterrace.a,
-#     terrace.h, terrace.pc, terrace.1 (a man page groff reads without warnings), LICENSE;
-#   - the shared library exports exactly the functions terrace.h declares (nothing private, none
+#     terrace.h and terrace_replay.h, terrace.pc, terrace.1 (a man page groff reads without warnings), LICENSE;
+#   - the shared library exports exactly the functions the headers declare (nothing private, none
 #     missing: gcc -aux-info lists the declarations, nm -D the exports);
 #   - examples/simple.c built with `pkg-config --cflags --libs terrace` against the shared
 #     library and with `--static` against libterrace.a; both run on the model: its chat template,
@@ -28,7 +28,7 @@ MAJOR=$(sed -n 's/^#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include/terrace.h)
 
 # --- the files -----------------------------------------------------------------------------------
 for f in bin/terrace bin/terrace-storaged lib/libterrace.so.$VERSION lib/libterrace.a \
-         include/terrace.h lib/pkgconfig/terrace.pc share/man/man1/terrace.1 \
+         include/terrace.h include/terrace_replay.h lib/pkgconfig/terrace.pc share/man/man1/terrace.1 \
          share/doc/terrace/LICENSE; do
     [ -f "$P/$f" ] && ok "$f" || no "$f is not installed"
 done
@@ -46,16 +46,16 @@ else
 fi
 
 # --- exports = declarations ------------------------------------------------------------------------
-echo '#include <terrace.h>' >"$D/decl.c"
+printf '#include <terrace.h>\n#include <terrace_replay.h>\n' >"$D/decl.c"
 gcc -std=c11 -I"$P/include" -aux-info "$D/decl.txt" -fsyntax-only "$D/decl.c"
-grep '/include/terrace.h:' "$D/decl.txt" | grep -o '\btr_[a-z0-9_]*\s*(' | tr -d ' (' |
+grep -E '/include/terrace(_replay)?\.h:' "$D/decl.txt" | grep -o '\btr_[a-z0-9_]*\s*(' | tr -d ' (' |
     sort -u >"$D/declared"
 nm -D --defined-only "$P/lib/libterrace.so.$VERSION" | awk '$2 ~ /^[TW]$/ {print $3}' |
     sort -u >"$D/exported"
 nm -D --defined-only "$P/lib/libterrace.so.$VERSION" | awk '$2 !~ /^[TW]$/ {print $3}' \
     >"$D/other"
 if cmp -s "$D/declared" "$D/exported"; then
-    ok "the shared library exports the $(wc -l <"$D/exported") functions terrace.h declares, no others"
+    ok "the shared library exports the $(wc -l <"$D/exported") functions the headers declare, no others"
 else
     no "exports differ from declarations (< declared only: missing TR_API; > exported only: not public):"
     diff "$D/declared" "$D/exported" | grep "^[<>]" | head -20 || true

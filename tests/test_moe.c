@@ -1,6 +1,7 @@
 /*
  * MoE models through the expert cache: every budget from the smallest legal one to "everything
- * fits", and plain mmap, give bit-identical logits; a budget below one layer's top-k is refused
+ * fits", with and without the router lookahead's protection, and plain mmap, give bit-identical
+ * logits; a budget below one layer's top-k is refused
  * with the minimum; an I/O error while loading an expert fails the evaluation with a message
  * (never wrong tokens) and the model stays usable; two threads with their own sessions share one
  * model and its cache (this test also runs under ThreadSanitizer).
@@ -36,12 +37,15 @@ static float *eval_all(tr_model *m, tr_error *err, tr_status *st) {
     return l;
 }
 
+static bool g_lookahead;
+
 static tr_model *load(const char *path, tr_experts_mode mode, uint64_t budget, tr_error *err,
                       tr_status *st) {
     tr_model_params mp = tr_model_default_params();
     mp.n_threads = 2;
     mp.experts = mode;
     mp.expert_cache_bytes = budget;
+    mp.expert_lookahead = g_lookahead;
     tr_model *m = NULL;
     *st = tr_model_load(path, &mp, &m, err);
     return m;
@@ -86,7 +90,10 @@ int main(int argc, char **argv) {
     /* budgets: the minimum, a few in between, everything */
     const uint64_t budgets[] = {TR_EXPERT_CACHE_MIN, ms.expert_total_bytes / 7,
                                 ms.expert_total_bytes / 3, ms.expert_total_bytes * 2};
-    for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
+    const size_t nbud = sizeof budgets / sizeof budgets[0];
+    for (size_t bb = 0; bb < 2 * nbud; bb++) {
+        const size_t b = bb % nbud;
+        g_lookahead = bb >= nbud;
         tr_model *m = load(path, TR_EXPERTS_CACHE, budgets[b], &err, &st);
         if (!m) {
             /* a fraction of the total may fall below the minimum for tiny models: fine if so */
@@ -100,8 +107,9 @@ int main(int argc, char **argv) {
         if (got) {
             const int same = memcmp(got, ref, sizeof(float) * N_TOK * nv) == 0;
             TU_CHECK(same, "budget %llu changed the logits", (unsigned long long)s.expert_budget_bytes);
-            printf("  budget %8.2f MiB (%s): hits %llu misses %llu read %.2f MiB -> logits %s\n",
+            printf("  budget %8.2f MiB (%s%s): hits %llu misses %llu read %.2f MiB -> logits %s\n",
                    (double)s.expert_budget_bytes / 1048576.0, s.expert_policy,
+                   g_lookahead ? ", lookahead" : "",
                    (unsigned long long)s.expert_hits, (unsigned long long)s.expert_misses,
                    (double)s.expert_bytes_read / 1048576.0, same ? "identical to mmap" : "DIFFER");
         }
@@ -110,6 +118,35 @@ int main(int argc, char **argv) {
         tr_model_free(m);
     }
 
+    g_lookahead = false;
+    /* auto: the plan's arithmetic holds, its margin is at most a tenth of the cap, and the cache
+     * got the budget it states; under a --mem-budget of dense + 24 MiB it is the arena that gives */
+    for (int with_cap = 0; with_cap < 2; with_cap++) {
+        tr_model_params mp = tr_model_default_params();
+        mp.n_threads = 2;
+        mp.session_ctx = 64;
+        mp.mem_budget_bytes = with_cap ? ms.dense_bytes + (64u << 20) : 0;
+        tr_model *am = NULL;
+        st = tr_model_load(path, &mp, &am, &err);
+        TU_CHECK(st == TR_OK, "auto load: %s", err.msg);
+        if (!am) continue;
+        tr_expert_budget_plan pl;
+        tr_model_expert_plan(am, &pl);
+        tr_model_stats s;
+        tr_model_get_stats(am, &s);
+        const uint64_t used = pl.in_use_bytes + pl.session_bytes + pl.bookkeeping_bytes + pl.margin_bytes;
+        TU_CHECK(pl.automatic && pl.dense_cache_dropped, "plan: automatic %d, dense cache dropped %d",
+                 pl.automatic, pl.dense_cache_dropped);
+        TU_CHECK(pl.margin_bytes * 10 <= pl.cap_bytes, "margin %llu of cap %llu",
+                 (unsigned long long)pl.margin_bytes, (unsigned long long)pl.cap_bytes);
+        TU_CHECK(s.expert_budget_bytes == pl.budget_bytes, "cache budget %llu, plan %llu",
+                 (unsigned long long)s.expert_budget_bytes, (unsigned long long)pl.budget_bytes);
+        TU_CHECK(pl.holds_all || pl.raised_to_min || used + pl.budget_bytes == pl.cap_bytes,
+                 "plan does not add up: %s", pl.how);
+        TU_CHECK(!with_cap || !strcmp(pl.source, "--mem-budget"), "source %s", pl.source);
+        printf("  auto%s: %s\n", with_cap ? " under --mem-budget" : "", pl.how);
+        tr_model_free(am);
+    }
     /* a budget below one layer's top-k */
     tr_model *m = load(path, TR_EXPERTS_CACHE, 4096, &err, &st);
     TU_CHECK(!m && st == TR_E_BUDGET && strstr(err.msg, "minimum"), "tiny budget: %s", err.msg);

@@ -11,6 +11,10 @@
  *   - the LRU cliff: a layer-cyclic workload below one token's working set gives LRU 0 hits and
  *     "auto" many
  *   - no allocation after creation (glibc heap statistics, outside sanitizer builds)
+ *   - knn's predictor (incremental similarity by lag) against a from-scratch brute force; the
+ *     adaptive policy following the rule its shadows find best (frequency-, recency- and
+ *     neighbour-friendly streams); protection (the router lookahead's) keeps what it protects
+ *     while anything else can go, and lets go when nothing else can
  *   - route traces: write -> read -> write is byte-identical, hostile inputs fail with the line
  *     number; with an argument, the shared trace reads and re-writes byte for byte
  *
@@ -20,6 +24,7 @@
 #include <stdbool.h>
 #include <unistd.h>
 
+#include "experts/adaptive.h"
 #include "experts/policy.h"
 #include "experts/trace.h"
 #include "testutil.h"
@@ -404,8 +409,9 @@ static uint64_t drive(const plan *pl, tr_policy_kind kind, uint64_t budget, uint
 
 static void test_against_model(void) {
     tu_rng rng = {42};
-    const tr_policy_kind kinds[] = {TR_POLICY_LRU,  TR_POLICY_LFU,     TR_POLICY_BELADY,
-                                    TR_POLICY_LRFU, TR_POLICY_LAYERED, TR_POLICY_RANDOM};
+    const tr_policy_kind kinds[] = {TR_POLICY_LRU,    TR_POLICY_LFU,     TR_POLICY_BELADY,
+                                    TR_POLICY_LRFU,   TR_POLICY_LAYERED, TR_POLICY_RANDOM,
+                                    TR_POLICY_KNN,    TR_POLICY_ADAPTIVE};
     static plan pl;
     int total_mm = 0, runs = 0;
     for (int iter = 0; iter < 200; iter++) {
@@ -419,7 +425,8 @@ static void test_against_model(void) {
         for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++) {
             tu_rng r2 = {rng.s ^ (uint64_t)ki};
             int mm = 0;
-            bool model = kinds[ki] != TR_POLICY_RANDOM;
+            bool model = kinds[ki] != TR_POLICY_RANDOM && kinds[ki] != TR_POLICY_KNN &&
+                         kinds[ki] != TR_POLICY_ADAPTIVE;
             drive(&pl, kinds[ki], budget, 1 + (uint64_t)iter, model, &r2, &mm);
             TU_CHECK(mm == 0,
                      "%s differs from the brute-force model in %d step(s) (iter %d, L=%d "
@@ -430,7 +437,7 @@ static void test_against_model(void) {
         }
     }
     printf("  model: %d random traces x lru/lfu/belady/lrfu/layered against brute force: %d "
-           "mismatching steps; random: invariants only\n",
+           "mismatching steps; random, knn, adaptive: invariants only\n",
            runs / 5, total_mm);
 }
 
@@ -717,6 +724,236 @@ static void test_cliff(void) {
            100 * lru, 100 * au, 100 * lru_above, 100 * au_above);
 }
 
+
+/* ---------------------------------------------------------------------------------------------- */
+/* knn's predictor against brute force                                                            */
+
+/* The predictor's vote at (t, j), recomputed from the whole history: S[d] = overlap of the window
+ * (t's layers <= j, t-1's > j) with the same window d earlier; the 16 largest S (ties: smaller
+ * lag) vote S^3 for the experts of t-d (layers > j) or t-d+1 (layers <= j). */
+#define PL 5
+#define PE 20
+#define PK 3
+#define PT 200
+static int hist_sel[PT][PL][PK];
+
+static int ov_ref(int x, int y, int m) {
+    if (x < 0 || y < 0) return 0;
+    int n = 0;
+    for (int a = 0; a < PK; a++)
+        for (int b = 0; b < PK; b++) n += hist_sel[x][m][a] == hist_sel[y][m][b];
+    return n;
+}
+
+/* false when the 16th and 17th largest S tie (either lag may then be the 16th neighbour) */
+static bool predict_ref(int t, int j, float *acc) {
+    double S[PT] = {0};
+    for (int d = 1; d <= t; d++)
+        for (int m = 0; m < PL; m++) S[d] += m <= j ? ov_ref(t, t - d, m) : ov_ref(t - 1, t - 1 - d, m);
+    int pick[16], n = 0;
+    bool used[PT] = {0};
+    for (; n < 16; n++) {
+        int best = -1;
+        for (int d = 1; d <= t; d++)
+            if (!used[d] && S[d] > 0 && (best < 0 || S[d] > S[best])) best = d;
+        if (best < 0) break;
+        used[best] = true;
+        pick[n] = best;
+    }
+    memset(acc, 0, sizeof(float) * PL * PE);
+    bool separated = true;
+    if (n == 16)
+        for (int d = 1; d <= t; d++)
+            if (!used[d] && S[d] > 0 && S[d] == S[pick[15]]) separated = false;
+    for (int i = 0; i < n; i++) {
+        const int d = pick[i];
+        const float w = (float)(S[d] * S[d] * S[d]);
+        for (int m = 0; m < PL; m++) {
+            const int src = m > j ? t - d : t - d + 1;
+            for (int q = 0; q < PK; q++) acc[m * PE + hist_sel[src][m][q]] += w;
+        }
+    }
+    return separated;
+}
+
+static void test_knn_predictor(void) {
+    tu_rng rng = {11};
+    tr_adapt *a = tr_adapt_create(PL, PE, PK);
+    TU_CHECK(a != NULL, "tr_adapt_create");
+    if (!a) return;
+    float want[PL * PE];
+    int checked = 0, worst_i = -1;
+    double worst = 0;
+    for (int t = 0; t < PT; t++) {
+        for (int m = 0; m < PL; m++) {
+            /* a skewed choice that repeats phrases: every 7th token copies the one 5 back */
+            int32_t ex[PK];
+            for (int q = 0; q < PK; q++) {
+                int e;
+                bool dup;
+                do {
+                    e = t >= 5 && t % 7 == 0 ? hist_sel[t - 5][m][q]
+                                             : (int)(tu_next(&rng) % 100 < 70 ? tu_next(&rng) % 6
+                                                                              : tu_next(&rng) % PE);
+                    dup = false;
+                    for (int r = 0; r < q; r++) dup |= ex[r] == e;
+                    if (dup && t % 7 == 0) e = (e + 1) % PE, dup = false;
+                    for (int r = 0; r < q; r++) dup |= ex[r] == e;
+                } while (dup);
+                ex[q] = e;
+                hist_sel[t][m][q] = e;
+            }
+            const tr_policy_route_info ri = {ex, NULL, PK, NULL};
+            tr_adapt_route(a, m, &ri);
+            const float *acc = tr_adapt_predict(a);
+            if (!predict_ref(t, m, want)) continue;
+            for (int i = 0; i < PL * PE; i++) {
+                const double dlt = fabs(acc[i] - want[i]) / fmax(1.0, fabs(want[i]));
+                if (dlt > worst) worst = dlt, worst_i = i;
+            }
+            checked++;
+        }
+    }
+    TU_CHECK(worst < 1e-5 && checked >= 150,
+             "knn prediction differs from brute force by %.3g (key %d; %d steps compared)", worst,
+             worst_i, checked);
+    printf("  knn predictor: %d layer steps (those without a tie at the 16th neighbour) against "
+           "brute force, largest relative difference %.2g\n",
+           checked, worst);
+    tr_adapt_free(a);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Adaptive: follows the best rule                                                                */
+
+/* decode-like stream over L layers (one step per layer, top-k distinct each): mode 0 stationary
+ * skewed popularity (LFU's), 1 popularity that moves every 6 tokens (LRU's), 2 a repeated
+ * "phrase" of 9 token patterns with noise (knn's). Returns the hit rate over the second half. */
+static double stream_hits(tr_policy_kind kind, int mode, uint64_t budget) {
+    enum { L = 6, E = 24, K = 3, TOK = 400 };
+    uint64_t eb[L];
+    for (int l = 0; l < L; l++) eb[l] = 1;
+    tr_policy_params pp = {.kind = kind, .n_layer = L, .n_expert = E, .n_expert_used = K,
+                           .budget_bytes = budget, .expert_bytes = eb};
+    tr_policy *p = NULL;
+    tr_error err = {0};
+    if (tr_policy_create(&pp, &p, &err)) {
+        TU_CHECK(0, "%s", err.msg);
+        return 0;
+    }
+    tu_rng rng = {1234 + (uint64_t)mode};
+    static int phrase[9][L][K];
+    for (int i = 0; i < 9; i++)
+        for (int l = 0; l < L; l++)
+            for (int q = 0; q < K; q++) phrase[i][l][q] = (int)(tu_next(&rng) % E);
+    uint64_t hits = 0, n = 0;
+    for (int t = 0; t < TOK; t++)
+        for (int l = 0; l < L; l++) {
+            int32_t ex[K];
+            for (int q = 0; q < K; q++) {
+                int e;
+                bool dup;
+                do {
+                    const uint64_t x = tu_next(&rng) % 100;
+                    if (mode == 0) e = x < 75 ? (int)(tu_next(&rng) % 5) : (int)(tu_next(&rng) % E);
+                    else if (mode == 1)
+                        e = x < 80 ? (int)((t / 6 * 5 + tu_next(&rng) % 5) % E)
+                                   : (int)(tu_next(&rng) % E);
+                    else
+                        e = x < 85 ? phrase[t % 9][l][q] : (int)(tu_next(&rng) % E);
+                    dup = false;
+                    for (int r = 0; r < q; r++) dup |= ex[r] == e;
+                } while (dup);
+                ex[q] = e;
+            }
+            const tr_policy_route_info ri = {ex, NULL, K, NULL};
+            tr_policy_route(p, l, &ri, &err);
+            bool hit[K];
+            for (int q = 0; q < K; q++) {
+                tr_policy_lookup(p, l, ex[q], &hit[q], &err);
+                if (hit[q]) tr_policy_pin(p, l, ex[q], &err);
+                hits += hit[q] && t >= TOK / 2;
+                n += t >= TOK / 2;
+            }
+            for (int q = 0; q < K; q++)
+                if (!hit[q] && tr_policy_admit(p, l, ex[q], 1, 0, &err) == TR_OK)
+                    tr_policy_pin(p, l, ex[q], &err);
+            for (int q = 0; q < K; q++)
+                if (tr_policy_resident_bytes(p, l, ex[q])) tr_policy_unpin(p, l, ex[q], &err);
+        }
+    tr_policy_free(p);
+    return (double)hits / (double)n;
+}
+
+static void test_adaptive_follows(void) {
+    const char *names[3] = {"stationary (lfu's)", "moving (lru's)", "repeating phrases"};
+    for (int mode = 0; mode < 3; mode++) {
+        const uint64_t budget = 30; /* 30 of 144 experts, a bit over the 18 of one token */
+        const double lru = stream_hits(TR_POLICY_LRU, mode, budget);
+        const double lfu = stream_hits(TR_POLICY_LFU, mode, budget);
+        const double knn = stream_hits(TR_POLICY_KNN, mode, budget);
+        const double ad = stream_hits(TR_POLICY_ADAPTIVE, mode, budget);
+        const double best = fmax(fmax(lru, lfu), knn);
+        TU_CHECK(ad >= best - 0.02, "%s: adaptive %.3f, lru %.3f lfu %.3f knn %.3f", names[mode],
+                 ad, lru, lfu, knn);
+        printf("  adaptive on %s: %.1f%% (lru %.1f, lfu %.1f, knn %.1f)\n", names[mode],
+               100 * ad, 100 * lru, 100 * lfu, 100 * knn);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Protection                                                                                     */
+
+static void test_protect(void) {
+    const tr_policy_kind kinds[] = {TR_POLICY_LRU, TR_POLICY_LAYERED, TR_POLICY_RANDOM,
+                                    TR_POLICY_KNN, TR_POLICY_ADAPTIVE};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++) {
+        tr_error err = {0};
+        tr_policy *p = simple(kinds[ki], 2, 8, 4);
+        int v;
+        /* layer 1's experts 0..2 and layer 0's 0 resident; protect layer 1's 0 and 1 */
+        for (int e = 0; e < 3; e++) {
+            tr_policy_route(p, 1, NULL, &err);
+            access1(p, 1, e, &v);
+        }
+        tr_policy_route(p, 0, NULL, &err);
+        access1(p, 0, 0, &v);
+        const int32_t prot[2] = {0, 1};
+        TU_CHECK(tr_policy_protect(p, 1, prot, 2, &err) == TR_OK, "%s", err.msg);
+        /* two admits while protected: never experts 0 or 1 of layer 1 */
+        for (int e = 4; e < 6; e++) {
+            bool hit;
+            tr_policy_lookup(p, 0, e, &hit, &err);
+            TU_CHECK(tr_policy_admit(p, 0, e, 1, 0, &err) == TR_OK, "%s", err.msg);
+            const tr_policy_key *vk;
+            const size_t nv = tr_policy_victims(p, &vk);
+            for (size_t i = 0; i < nv; i++)
+                TU_CHECK(!(vk[i].layer == 1 && vk[i].expert < 2), "%s evicted protected (1,%d)",
+                         tr_policy_name(kinds[ki]), vk[i].expert);
+            TU_CHECK(tr_policy_pin(p, 0, e, &err) == TR_OK, "%s", err.msg);
+        }
+        /* now only protected experts are unpinned: an admit must take one of them */
+        bool hit;
+        tr_policy_lookup(p, 0, 6, &hit, &err);
+        TU_CHECK(tr_policy_admit(p, 0, 6, 1, 0, &err) == TR_OK, "%s: %s",
+                 tr_policy_name(kinds[ki]), err.msg);
+        tr_policy_stats st;
+        tr_policy_get_stats(p, &st);
+        TU_CHECK(st.protected_evictions == 1, "%s: %llu protected evictions",
+                 tr_policy_name(kinds[ki]), (unsigned long long)st.protected_evictions);
+        tr_policy_unpin(p, 0, 4, &err);
+        tr_policy_unpin(p, 0, 5, &err);
+        /* the next route ends the protection: the other protected expert is evictable again */
+        tr_policy_route(p, 0, NULL, &err);
+        int left = 0;
+        for (int e = 0; e < 2; e++) left += tr_policy_resident_bytes(p, 1, e) > 0;
+        TU_CHECK(left == 1, "%s: %d protected experts left", tr_policy_name(kinds[ki]), left);
+        tr_policy_free(p);
+    }
+    printf("  protection: protected experts outlive every other unpinned one, go when nothing else "
+           "can, and are released by the next layer step (lru, layered, random, knn, adaptive)\n");
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* No allocation after creation                                                                   */
 
@@ -725,8 +962,9 @@ static void test_no_alloc(void) {
     tu_rng rng = {5};
     static plan pl;
     make_plan(&pl, &rng);
-    const tr_policy_kind kinds[] = {TR_POLICY_LRU,  TR_POLICY_LFU,     TR_POLICY_BELADY,
-                                    TR_POLICY_LRFU, TR_POLICY_LAYERED, TR_POLICY_RANDOM};
+    const tr_policy_kind kinds[] = {TR_POLICY_LRU,     TR_POLICY_LFU,    TR_POLICY_BELADY,
+                                    TR_POLICY_LRFU,    TR_POLICY_LAYERED, TR_POLICY_RANDOM,
+                                    TR_POLICY_KNN,     TR_POLICY_ADAPTIVE};
     int bad = 0;
     for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++) {
         tr_policy *p = make_policy(kinds[ki], &pl, 5, 3);
@@ -1029,6 +1267,9 @@ int main(int argc, char **argv) {
     test_random_seeded();
     test_belady_optimal();
     test_cliff();
+    test_knn_predictor();
+    test_adaptive_follows();
+    test_protect();
     test_no_alloc();
     test_trace_roundtrip();
     test_trace_hostile();

@@ -158,6 +158,7 @@ bool gen_check_model_flags(const gen_opts *o, tr_model *m) {
         {"--mem-budget", o->mem_budget != 0, true},
         {"--expert-policy", o->expert_policy != NULL, true},
         {"--expert-prefetch", o->expert_prefetch > 0, true},
+        {"--expert-lookahead", gen_given(o, "--expert-lookahead"), true},
         {"--io-threads", o->io_threads > 0, true},
         {"--route-trace", o->route_trace != NULL, false},
     };

@@ -16,7 +16,7 @@ enum {
     F_MODEL, F_PROMPT, F_FILE, F_NPRED, F_CTX, F_BATCH, F_THREADS, F_SEED, F_TEMP, F_TOPK, F_TOPP,
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
-    F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
+    F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ELOOKAHEAD, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
     F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_KVPRESEL, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
     F_REASONING,
     F_COUNT
@@ -65,6 +65,7 @@ static const flag k_flags[] = {
     {"--mem-budget", F_MEMBUDGET, true, "SIZE  memory for weights+cache (auto: cgroup limit or MemAvailable)"},
     {"--expert-policy", F_EPOLICY, true, "NAME  MoE: eviction policy (auto, lru, lfu, ...)"},
     {"--expert-prefetch", F_EPREFETCH, true, "N MoE: read N predicted experts of the next layer ahead"},
+    {"--expert-lookahead", F_ELOOKAHEAD, true, "on|off MoE: keep the next layer's predicted experts from eviction"},
     {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
     {"--route-trace", F_ROUTETRACE, true, "FILE MoE: write the routing trace (CSV)"},
     {"--kv-policy", F_KVPOLICY, true, "NAME   KV cache: full (default), offload, h2o, quest, tiered"},
@@ -278,6 +279,13 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         }
         case F_EPOLICY: o->expert_policy = v; break;
         case F_EPREFETCH: if (!cli_parse_int(a, v, 0, 64, &n)) return false; o->expert_prefetch = (int)n; break;
+        case F_ELOOKAHEAD:
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                cli_error("%s expects on or off, got '%s'", a, v);
+                return false;
+            }
+            o->expert_lookahead = !strcmp(v, "on");
+            break;
         case F_IOTHREADS: if (!cli_parse_int(a, v, 1, 64, &n)) return false; o->io_threads = (int)n; break;
         case F_ROUTETRACE: o->route_trace = v; break;
         case F_KVPOLICY: {
@@ -466,7 +474,10 @@ bool load_model(const gen_opts *o, loaded *out) {
     mp.mem_budget_bytes = o->mem_budget;
     mp.expert_policy = o->expert_policy;
     mp.expert_prefetch = o->expert_prefetch;
+    mp.expert_lookahead = o->expert_lookahead;
     mp.io_threads = o->io_threads;
+    mp.session_ctx = o->n_ctx;
+    mp.session_batch = o->n_batch;
     const double t0 = now_ms();
     if (tr_model_load(o->model, &mp, &out->model, &err)) {
         cli_error("%s", err.msg);
@@ -489,6 +500,9 @@ bool load_model(const gen_opts *o, loaded *out) {
     if (tr_model_warning(out->model)) cli_warning("%s", tr_model_warning(out->model));
     if (tr_tokenizer_warning(out->tok))
         cli_warning("%s: tokenizer: %s", o->model, tr_tokenizer_warning(out->tok));
+    tr_expert_budget_plan plan;
+    tr_model_expert_plan(out->model, &plan);
+    if (plan.automatic) fprintf(stderr, "terrace: expert cache auto: %s\n", plan.how);
     if (o->route_trace && tr_model_route_trace_open(out->model, o->route_trace, &err)) {
         cli_error("%s", err.msg);
         unload_model(out);

@@ -34,6 +34,7 @@ typedef struct gen_opts {
     unsigned long long expert_cache, mem_budget; /* 0 = auto */
     const char *expert_policy;
     int expert_prefetch, io_threads;
+    bool expert_lookahead;
     tr_kv_params kv;      /* the --kv-* and --csd* flags */
     bool jinja;           /* --jinja: run formats -p as a chat turn with the chat template */
     /* which flags the command line gave (bit = the flag's index), so that a flag given with its

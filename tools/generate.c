@@ -189,12 +189,12 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
         const uint64_t n = st.expert_hits + st.expert_misses;
         char b2[32], b3[32];
         fprintf(stderr, "terrace: experts      cache %s of %s (%s policy, %s reads), hit rate %.1f%%, "
-                        "read %s, I/O wait %.1f ms, %llu evictions\n",
+                        "read %s, I/O wait %.1f ms, %llu evictions, policy %.1f ms\n",
                 cli_bytes(st.expert_cache_bytes, b1, sizeof b1),
                 cli_bytes(st.expert_budget_bytes, b2, sizeof b2), st.expert_policy,
                 st.direct_io ? "O_DIRECT" : "buffered", n ? 100.0 * st.expert_hits / n : 0.0,
                 cli_bytes(st.expert_bytes_read, b3, sizeof b3), st.expert_io_wait_ns / 1e6,
-                (unsigned long long)st.expert_evictions);
+                (unsigned long long)st.expert_evictions, st.expert_policy_ns / 1e6);
         if (st.prefetch_predicted)
             fprintf(stderr, "terrace: prefetch     %llu predictions, %.1f%% right; %llu reads issued, "
                             "%llu used, %s wasted\n",

@@ -723,9 +723,11 @@ static bool try_acquire(tr_expert_cache *c, tr_expert_request *req, tr_io_job **
 /* One visit of layer for the policies (LRFU ages a layer's items by its visits): from observe
  * with the router's choice, or from the first acquire of a layer step that had none. */
 static void route(tr_expert_cache *c, int32_t layer, const tr_policy_route_info *info) {
+    const uint64_t t0 = tr_now_ns();
     for (int q = 0; q < c->n_classes; q++)
         if (c->classes[q].pol) tr_policy_route(c->classes[q].pol, layer, info, NULL);
     c->last_route = layer;
+    c->st.policy_ns += tr_now_ns() - t0;
 }
 
 tr_status tr_expert_cache_acquire(tr_expert_cache *c, int32_t layer, const int32_t *experts,
@@ -759,7 +761,10 @@ tr_status tr_expert_cache_acquire(tr_expert_cache *c, int32_t layer, const int32
     tr_io_job *first = NULL, *last = NULL;
     pthread_mutex_lock(&c->mu);
     if (c->last_route != layer) route(c, layer, NULL);
-    if (!try_acquire(c, req, &first, &last)) {
+    const uint64_t tp = tr_now_ns();
+    const bool got = try_acquire(c, req, &first, &last);
+    c->st.policy_ns += tr_now_ns() - tp;
+    if (!got) {
         /* other requests pin what we need: wait for a release or a finished read */
         const uint64_t t0 = tr_now_ns();
         do pthread_cond_wait(&c->cv, &c->mu);
@@ -844,8 +849,10 @@ tr_status tr_expert_cache_next_ready(tr_expert_cache *c, tr_expert_request *req,
 void tr_expert_cache_release(tr_expert_cache *c, tr_expert_request *req) {
     if (req->n <= 0) return;
     pthread_mutex_lock(&c->mu);
+    const uint64_t t0 = tr_now_ns();
     for (int32_t i = 0; i < req->n; i++)
         entry_unpin(c, entry_of(c, req->layer * c->n_expert + req->experts[i]));
+    c->st.policy_ns += tr_now_ns() - t0;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     req->n = 0;
@@ -883,6 +890,17 @@ void tr_expert_cache_prefetch(tr_expert_cache *c, int32_t layer, const int32_t *
     tr_io_pool_submit(c->io, first, last);
 }
 
+void tr_expert_cache_protect(tr_expert_cache *c, int32_t layer, const int32_t *experts, int32_t n) {
+    if (layer < 0 || layer >= c->n_layer || !c->layers[layer].n_parts || n < 0) return;
+    pthread_mutex_lock(&c->mu);
+    const uint64_t t0 = tr_now_ns();
+    /* every class: an expert may sit in a larger class's slot */
+    for (int q = 0; q < c->n_classes; q++)
+        if (c->classes[q].pol) tr_policy_protect(c->classes[q].pol, layer, experts, n, NULL);
+    c->st.policy_ns += tr_now_ns() - t0;
+    pthread_mutex_unlock(&c->mu);
+}
+
 bool tr_expert_cache_is_resident(const tr_expert_cache *c, int32_t layer, int32_t expert) {
     if (layer < 0 || layer >= c->n_layer || expert < 0 || expert >= c->n_expert) return false;
     tr_expert_cache *m = (tr_expert_cache *)c; /* the lock is not part of the value */
@@ -896,5 +914,11 @@ void tr_expert_cache_stats(const tr_expert_cache *c, tr_expert_stats *out) {
     tr_expert_cache *m = (tr_expert_cache *)c; /* the lock is not part of the value */
     pthread_mutex_lock(&m->mu);
     *out = c->st;
+    for (int q = 0; q < c->n_classes; q++)
+        if (c->classes[q].pol) {
+            tr_policy_stats ps;
+            tr_policy_get_stats(c->classes[q].pol, &ps);
+            out->protected_evictions += ps.protected_evictions;
+        }
     pthread_mutex_unlock(&m->mu);
 }

@@ -116,6 +116,11 @@ void tr_expert_cache_observe(tr_expert_cache *c, int32_t layer, const int32_t *e
  * policy admits them without counting an access (the acquire that uses one does). */
 void tr_expert_cache_prefetch(tr_expert_cache *c, int32_t layer, const int32_t *experts, int32_t n);
 
+/* Router lookahead: keeps these resident experts of `layer` (the ones the next layer is predicted
+ * to use) from being evicted until the next layer step begins (the next observe or acquire of
+ * another layer), unless nothing else can make room; reads nothing. Never blocks. */
+void tr_expert_cache_protect(tr_expert_cache *c, int32_t layer, const int32_t *experts, int32_t n);
+
 /* Whether (layer, expert) is in the cache now: resident, or being read (an acquire would count it
  * a hit). A snapshot: another thread may change it right after. */
 bool tr_expert_cache_is_resident(const tr_expert_cache *c, int32_t layer, int32_t expert);
@@ -137,6 +142,10 @@ typedef struct tr_expert_stats {
     uint64_t io_busy_ns;             /* wall time with at least one read in flight */
     uint64_t prefetch_issued, prefetch_used, prefetch_wasted_bytes;
     uint64_t evictions;
+    uint64_t policy_ns;              /* compute thread's time in the policy's decisions (routes,
+                                        acquires, releases, protection: the policy's calls and the
+                                        bookkeeping around them, under the lock) */
+    uint64_t protected_evictions;    /* lookahead-protected experts evicted (nothing else left) */
     bool direct_io;                  /* O_DIRECT in use (for every file; false when any file
                                         fell back to buffered pread) */
     const char *policy;              /* the policy in effect ("auto" resolved) */

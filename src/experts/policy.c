@@ -18,9 +18,15 @@
  * costs one layer-heap fix, not a pass over the layer's experts.
  *
  * Pinned items leave the heaps and come back on their last unpin, so the heap tops are always
- * evictable and an admit never scans.
+ * evictable and an admit never scans. Protected items (tr_policy_protect) leave them the same way
+ * and come back at the next route, or are taken last when nothing else is left.
+ *
+ * random, knn and adaptive keep the evictable items as a flat array instead: random draws from
+ * it, knn and adaptive (adaptive.c) scan it once per layer step, because their order changes
+ * with every step's prediction. The LRFU value is kept for them too (knn's tie order, the
+ * layered rule adaptive may follow).
  */
-#include "experts/policy.h"
+#include "experts/policy_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,7 +35,6 @@
 
 #include "core/error.h"
 
-#define NOT_IN_HEAP UINT32_MAX
 #define MAX_LAYERS  65536      /* sanity bounds on caller input, not capacity limits:    */
 #define MAX_KEYS    (1u << 28) /* tables are sized from the values actually given        */
 /* A selection adds w^0.5 (router weight w) to an item's LRFU count: weight-aware without letting
@@ -41,14 +46,14 @@
 static const char *const k_names[TR_POLICY_COUNT] = {
     [TR_POLICY_AUTO] = "auto",       [TR_POLICY_LRU] = "lru",       [TR_POLICY_LFU] = "lfu",
     [TR_POLICY_RANDOM] = "random",   [TR_POLICY_BELADY] = "belady", [TR_POLICY_LRFU] = "lrfu",
-    [TR_POLICY_LAYERED] = "layered",
+    [TR_POLICY_LAYERED] = "layered", [TR_POLICY_KNN] = "knn",         [TR_POLICY_ADAPTIVE] = "adaptive",
 };
 
 const char *tr_policy_name(tr_policy_kind k) {
     return (unsigned)k < TR_POLICY_COUNT ? k_names[k] : "?";
 }
 
-const char *tr_policy_names(void) { return "auto,lru,lfu,random,belady,lrfu,layered"; }
+const char *tr_policy_names(void) { return "auto,lru,lfu,random,belady,lrfu,layered,knn,adaptive"; }
 
 tr_status tr_policy_parse(const char *name, tr_policy_kind *out, tr_error *err) {
     for (int k = 0; k < TR_POLICY_COUNT; k++)
@@ -76,13 +81,12 @@ bool tr_policy_lru_collapses(uint64_t budget_bytes, uint64_t working_set) {
 }
 
 tr_policy_kind tr_policy_auto(uint64_t budget_bytes, uint64_t working_set) {
-    /* Both sides of the cliff get "layered": above it, its per-layer shares keep each layer's
-     * recent experts from being pushed out by the other layers (the failure that makes global
-     * recency weak near the cliff); below it no share holds a layer's top-k, so it falls back to
-     * global LRFU, which keeps the most used experts resident instead of cycling them. The
-     * branch stays so the two regimes can be given different policies when measurements say so. */
-    return tr_policy_lru_collapses(budget_bytes, working_set) ? TR_POLICY_LAYERED
-                                                              : TR_POLICY_LAYERED;
+    /* Below the cliff no rule may be LRU-like by construction: the adaptive policy's shadows see
+     * LRU collapse there (0 hits) and follow another rule; above it they pick what the routing
+     * favours (see policy.h) */
+    (void)budget_bytes;
+    (void)working_set;
+    return TR_POLICY_ADAPTIVE;
 }
 
 bool tr_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes, uint64_t working_set,
@@ -104,55 +108,16 @@ bool tr_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes, uint6
 /* ---------------------------------------------------------------------------------------------- */
 /* State                                                                                          */
 
-struct tr_policy {
-    tr_policy_kind kind;
-    int32_t n_layer, n_expert;
-    uint32_t n_keys;
-    uint64_t budget, used, pinned_bytes;
-    double log_decay; /* lrfu/layered: log(decay) <= 0 */
-
-    /* per key (layer * n_expert + expert) */
-    uint64_t *bytes; /* resident size; 0 = not resident */
-    uint32_t *pins;
-    uint64_t *stamp; /* clock of the last access */
-    uint64_t *freq;  /* accesses (lfu) */
-    double *pa;      /* priority, see the top of the file */
-    uint64_t *pb;
-    double *pend_w; /* lrfu: router increment announced by route() for visit pend_at */
-    uint64_t *pend_at;
-
-    /* per layer */
-    uint64_t *visits;
-    uint64_t *layer_used, *share;
-    uint32_t *heap; /* [n_layer * n_expert]: layer l's item heap at heap + l * n_expert */
-    uint32_t *heap_n;
-    uint32_t *pos; /* [n_keys] index in its layer's heap, NOT_IN_HEAP when absent */
-    uint32_t *lheap, lheap_n, *lpos; /* the heap of layers */
-    double *la;                      /* layer key: its top item's key shifted by the layer offset */
-    uint64_t *lb;
-
-    /* random */
-    uint32_t *ev, *ev_pos, ev_n;
-    uint64_t rng;
-
-    /* belady */
-    tr_policy_key *future;
-    size_t n_future, cursor;
-    size_t *occ_off; /* [n_keys + 1] */
-    size_t *occ_pos; /* [n_future] positions of each key's accesses, ascending */
-    size_t *occ_ptr; /* [n_keys] index (relative) of the next access not yet looked up */
-
-    tr_policy_key *victims;
-    size_t n_victims;
-    int32_t last_layer; /* the staging layer of the last admit, for trim */
-    uint64_t clock, n_resident;
-    tr_policy_stats st;
-};
-
-static bool uses_heaps(const tr_policy *p) { return p->kind != TR_POLICY_RANDOM; }
+static bool is_adaptive(const tr_policy *p) {
+    return p->kind == TR_POLICY_KNN || p->kind == TR_POLICY_ADAPTIVE;
+}
+static bool uses_heaps(const tr_policy *p) { return p->kind != TR_POLICY_RANDOM && !is_adaptive(p); }
+/* heap-ordered by the LRFU value */
 static bool is_lrfu(const tr_policy *p) {
     return p->kind == TR_POLICY_LRFU || p->kind == TR_POLICY_LAYERED;
 }
+/* keeps the LRFU value of every key (the adaptive rules use it too) */
+static bool keeps_lrfu(const tr_policy *p) { return is_lrfu(p) || is_adaptive(p); }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Indexed heaps. One routine pair serves both levels: ids, their positions and their keys.       */
@@ -316,6 +281,7 @@ static uint64_t rng_next(uint64_t *s) {
 /* The next victim for making room for `incoming` bytes of layer `staging` (-1: none), or
  * UINT32_MAX when nothing is evictable. */
 static uint32_t pick_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
+    if (is_adaptive(p)) return tr_adapt_victim(p, staging, incoming);
     if (!uses_heaps(p)) {
         if (!p->ev_n) return UINT32_MAX;
         /* multiply-shift instead of %: unbiased enough for n << 2^32, and no division */
@@ -328,6 +294,39 @@ static uint32_t pick_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
         return p->heap[(size_t)staging * (size_t)p->n_expert];
     if (!p->lheap_n) return UINT32_MAX;
     return p->heap[(size_t)p->lheap[0] * (size_t)p->n_expert];
+}
+
+/* Drops k from the protected list (it is no longer in the evictable set either). */
+static void unprotect(tr_policy *p, uint32_t k) {
+    p->prot[k] = 0;
+    for (uint32_t i = 0; i < p->n_prot; i++)
+        if (p->prot_list[i] == k) {
+            memmove(p->prot_list + i, p->prot_list + i + 1, (p->n_prot - i - 1) * sizeof *p->prot_list);
+            p->n_prot--;
+            break;
+        }
+}
+
+static void unprotect_all(tr_policy *p) {
+    if (p->n_prot) p->cand_valid = false;
+    for (uint32_t i = 0; i < p->n_prot; i++) {
+        const uint32_t k = p->prot_list[i];
+        p->prot[k] = 0;
+        evictable_add(p, k); /* protected items are resident and unpinned */
+    }
+    p->n_prot = 0;
+}
+
+/* pick_victim, and when only protected items are left, the one protected last (the least likely
+ * of the prediction), put back into the evictable set for evict() to take */
+static uint32_t next_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
+    uint32_t v = pick_victim(p, staging, incoming);
+    if (v != UINT32_MAX || !p->n_prot) return v;
+    v = p->prot_list[--p->n_prot];
+    p->prot[v] = 0;
+    evictable_add(p, v);
+    p->st.protected_evictions++;
+    return v;
 }
 
 static void evict(tr_policy *p, uint32_t k) {
@@ -373,6 +372,14 @@ void tr_policy_free(tr_policy *p) {
     free(p->occ_pos);
     free(p->occ_ptr);
     free(p->victims);
+    free(p->prot);
+    free(p->prot_list);
+    free(p->layer_bytes);
+    if (!p->ad_borrowed) tr_adapt_free(p->ad);
+    tr_duel_free(p->duel);
+    free(p->klayer);
+    free(p->cand);
+    free(p->cand_key);
     free(p);
 }
 
@@ -399,6 +406,7 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
     tr_policy *p = calloc(1, sizeof *p);
     if (!p) return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory");
     p->n_layer = pp->n_layer;
+    p->n_expert_used = pp->n_expert_used;
     p->n_expert = pp->n_expert;
     p->n_keys = (uint32_t)pp->n_layer * (uint32_t)pp->n_expert;
     p->budget = pp->budget_bytes;
@@ -407,7 +415,7 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
 
     uint64_t ws = tr_policy_working_set(pp->n_layer, pp->expert_bytes, pp->n_expert_used);
     p->kind = pp->kind == TR_POLICY_AUTO ? tr_policy_auto(pp->budget_bytes, ws) : pp->kind;
-    if (decay == 0) decay = p->kind == TR_POLICY_LAYERED ? 0.95 : 0.9;
+    if (decay == 0) decay = p->kind == TR_POLICY_LRFU ? 0.9 : 0.95;
     p->log_decay = log(decay);
 
     const size_t nk = p->n_keys, nl = (size_t)p->n_layer;
@@ -416,8 +424,9 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
               ALLOC(p->pend_at, nk) && ALLOC(p->visits, nl) && ALLOC(p->layer_used, nl) &&
               ALLOC(p->share, nl) && ALLOC(p->heap, nk) && ALLOC(p->heap_n, nl) &&
               ALLOC(p->pos, nk) && ALLOC(p->lheap, nl) && ALLOC(p->lpos, nl) && ALLOC(p->la, nl) &&
-              ALLOC(p->lb, nl) && ALLOC(p->victims, nk);
-    if (ok && p->kind == TR_POLICY_RANDOM) ok = ALLOC(p->ev, nk) && ALLOC(p->ev_pos, nk);
+              ALLOC(p->lb, nl) && ALLOC(p->victims, nk) && ALLOC(p->prot, nk) &&
+              ALLOC(p->prot_list, (size_t)p->n_expert) && ALLOC(p->layer_bytes, nl);
+    if (ok && !uses_heaps(p)) ok = ALLOC(p->ev, nk) && ALLOC(p->ev_pos, nk);
     if (ok && p->kind == TR_POLICY_BELADY)
         ok = ALLOC(p->future, pp->n_future) && ALLOC(p->occ_off, nk + 1) &&
              ALLOC(p->occ_pos, pp->n_future) && ALLOC(p->occ_ptr, nk);
@@ -464,6 +473,29 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
         }
         memset(p->occ_ptr, 0, nk * sizeof *p->occ_ptr);
     }
+    for (size_t l = 0; l < nl; l++) p->layer_bytes[l] = pp->expert_bytes ? pp->expert_bytes[l] : 1;
+    if (is_adaptive(p)) {
+        p->cand_cap = (uint32_t)(2 * (pp->n_expert_used > 0 ? pp->n_expert_used : 1) + 8);
+        if (p->cand_cap > nk) p->cand_cap = (uint32_t)nk;
+        ok = ALLOC(p->klayer, nk) && ALLOC(p->cand, p->cand_cap) &&
+             (p->cand_key = calloc(p->cand_cap, TR_POLICY_CAND_KEY_BYTES)) != NULL;
+        if (ok && p->kind == TR_POLICY_KNN)
+            ok = (p->ad = tr_adapt_create(p->n_layer, p->n_expert, pp->n_expert_used)) != NULL;
+        if (!ok) {
+            tr_policy_free(p);
+            return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory for %zu items", nk);
+        }
+        for (size_t k = 0; k < nk; k++) p->klayer[k] = (int32_t)(k / (size_t)p->n_expert);
+        if (p->kind == TR_POLICY_ADAPTIVE) {
+            tr_policy_params sp = *pp;
+            sp.decay = exp(p->log_decay);
+            tr_status s = tr_duel_create(&sp, &p->duel, err);
+            if (s) {
+                tr_policy_free(p);
+                return s;
+            }
+        }
+    }
     p->st.budget_bytes = p->budget;
     *out = p;
     return TR_OK;
@@ -503,9 +535,10 @@ tr_status tr_policy_route(tr_policy *p, int32_t layer, const tr_policy_route_inf
             return tr_fail(err, TR_E_ARG, "expert policy route: layer %d expert %d has weight %g",
                            layer, info->experts[i], (double)info->weights[i]);
     }
+    unprotect_all(p);
     uint64_t v = ++p->visits[layer];
-    if (is_lrfu(p)) {
-        layer_sync(p, layer);
+    if (keeps_lrfu(p)) {
+        if (is_lrfu(p)) layer_sync(p, layer);
         for (int32_t i = 0; info && i < info->n; i++) {
             uint32_t k = (uint32_t)layer * (uint32_t)p->n_expert + (uint32_t)info->experts[i];
             if (p->pend_at[k] != v) {
@@ -515,6 +548,9 @@ tr_status tr_policy_route(tr_policy *p, int32_t layer, const tr_policy_route_inf
             p->pend_w[k] += info->weights ? pow((double)info->weights[i], WEIGHT_EXPONENT) : 1.0;
         }
     }
+    p->cand_valid = false;
+    if (p->ad && !p->ad_borrowed) tr_adapt_route(p->ad, layer, info);
+    if (p->duel) tr_duel_route(p->duel, layer, info);
     return TR_OK;
 }
 
@@ -542,7 +578,7 @@ tr_status tr_policy_lookup(tr_policy *p, int32_t layer, int32_t expert, bool *hi
     p->st.hits += *hit;
     p->stamp[k] = ++p->clock;
     p->freq[k]++;
-    if (is_lrfu(p)) {
+    if (keeps_lrfu(p)) {
         uint64_t now = p->visits[layer];
         double inc = p->pend_at[k] == now && p->pend_w[k] > 0 ? p->pend_w[k] : 1.0;
         p->pend_at[k] = UINT64_MAX; /* consumed: a second lookup this visit counts 1 */
@@ -552,6 +588,8 @@ tr_status tr_policy_lookup(tr_policy *p, int32_t layer, int32_t expert, bool *hi
         p->pa[k] = log(f) - (double)now * p->log_decay;
     }
     rekey(p, k);
+    if (p->duel) tr_duel_access(p->duel, layer, expert);
+    if (p->ev_pos && p->ev_pos[k] != NOT_IN_HEAP) p->cand_valid = false;
     return TR_OK;
 }
 
@@ -582,7 +620,7 @@ tr_status tr_policy_admit(tr_policy *p, int32_t layer, int32_t expert, uint64_t 
                        layer, expert, (unsigned long long)bytes,
                        (unsigned long long)p->pinned_bytes, (unsigned long long)p->budget);
     while (p->used + bytes > p->budget) {
-        uint32_t v = pick_victim(p, layer, bytes);
+        uint32_t v = next_victim(p, layer, bytes);
         if (v == UINT32_MAX) break; /* only with overcommit: the feasibility check above */
         evict(p, v);
     }
@@ -601,7 +639,7 @@ tr_status tr_policy_admit(tr_policy *p, int32_t layer, int32_t expert, uint64_t 
 tr_status tr_policy_trim(tr_policy *p, tr_error *err) {
     p->n_victims = 0;
     while (p->used > p->budget) {
-        uint32_t v = pick_victim(p, p->last_layer, 0);
+        uint32_t v = next_victim(p, p->last_layer, 0);
         if (v == UINT32_MAX)
             return tr_fail(err, TR_E_BUDGET,
                            "expert policy trim: %llu bytes resident, budget "
@@ -629,7 +667,10 @@ tr_status tr_policy_pin(tr_policy *p, int32_t layer, int32_t expert, tr_error *e
         return tr_fail(err, TR_E_ARG, "expert policy pin: (layer %d, expert %d) pinned too often",
                        layer, expert);
     if (p->pins[k]++ == 0) {
-        evictable_del(p, k);
+        if (p->prot[k])
+            unprotect(p, k); /* pinned now: out of the evictable set already */
+        else
+            evictable_del(p, k);
         p->pinned_bytes += p->bytes[k];
     }
     return TR_OK;
@@ -645,6 +686,7 @@ tr_status tr_policy_unpin(tr_policy *p, int32_t layer, int32_t expert, tr_error 
     if (--p->pins[k] == 0) {
         p->pinned_bytes -= p->bytes[k];
         evictable_add(p, k);
+        p->cand_valid = false;
     }
     return TR_OK;
 }
@@ -661,11 +703,34 @@ tr_status tr_policy_remove(tr_policy *p, int32_t layer, int32_t expert, tr_error
     if (p->pins[k])
         return tr_fail(err, TR_E_ARG, "expert policy remove: (layer %d, expert %d) is pinned",
                        layer, expert);
-    evictable_del(p, k);
+    if (p->prot[k])
+        unprotect(p, k);
+    else
+        evictable_del(p, k);
     p->used -= p->bytes[k];
     p->layer_used[layer] -= p->bytes[k];
     p->bytes[k] = 0;
     p->n_resident--;
+    return TR_OK;
+}
+
+tr_status tr_policy_protect(tr_policy *p, int32_t layer, const int32_t *experts, int32_t n,
+                            tr_error *err) {
+    if (layer < 0 || layer >= p->n_layer || n < 0 || (n && !experts))
+        return tr_fail(err, TR_E_ARG, "expert policy protect: layer %d, %d experts", layer, n);
+    for (int32_t i = 0; i < n; i++)
+        if (experts[i] < 0 || experts[i] >= p->n_expert)
+            return tr_fail(err, TR_E_ARG, "expert policy protect: expert %d is outside 0..%d",
+                           experts[i], p->n_expert - 1);
+    unprotect_all(p);
+    p->cand_valid = false;
+    for (int32_t i = 0; i < n && p->n_prot < (uint32_t)p->n_expert; i++) {
+        const uint32_t k = (uint32_t)layer * (uint32_t)p->n_expert + (uint32_t)experts[i];
+        if (!p->bytes[k] || p->pins[k] || p->prot[k]) continue;
+        evictable_del(p, k);
+        p->prot[k] = 1;
+        p->prot_list[p->n_prot++] = k;
+    }
     return TR_OK;
 }
 
@@ -680,4 +745,5 @@ void tr_policy_get_stats(const tr_policy *p, tr_policy_stats *out) {
     out->pinned_bytes = p->pinned_bytes;
     out->budget_bytes = p->budget;
     out->resident_items = p->n_resident;
+    if (p->duel) tr_duel_lead_steps(p->duel, out->lead_steps);
 }

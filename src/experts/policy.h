@@ -44,12 +44,14 @@ typedef enum tr_policy_kind {
     TR_POLICY_BELADY,   /* offline optimum: evicts the item used farthest in the future */
     TR_POLICY_LRFU,     /* recency+frequency: router-weighted counts decaying per layer visit */
     TR_POLICY_LAYERED,  /* LRFU scores; a layer over its fair byte share evicts its own first */
+    TR_POLICY_KNN,      /* least likely at its layer's next visit, by similar past routing */
+    TR_POLICY_ADAPTIVE, /* set dueling: follows whichever of knn/layered/lfu/lru does best */
     TR_POLICY_COUNT
 } tr_policy_kind;
 
 /* "lru", "lfu", ...; "?" for out-of-range values */
 const char *tr_policy_name(tr_policy_kind k);
-/* the names a user may type, comma separated ("auto,lru,lfu,random,belady,lrfu,layered") */
+/* the names a user may type, comma separated ("auto,lru,lfu,...,knn,adaptive") */
 const char *tr_policy_names(void);
 tr_status tr_policy_parse(const char *name, tr_policy_kind *out, tr_error *err);
 
@@ -71,14 +73,20 @@ bool tr_policy_lru_collapses(uint64_t budget_bytes, uint64_t working_set);
 bool tr_policy_cliff_warning(char *buf, size_t cap, uint64_t budget_bytes, uint64_t working_set,
                              tr_policy_kind kind);
 
-/* What "auto" runs. Measured on the shared Qwen3-30B trace (bench/results/replay.md), "layered"
- * is above LRU and LFU at every budget from 0.3x to 10x the working set (and within 0.3 points
- * of lrfu where lrfu is ahead), and below the cliff it keeps the most used experts resident
- * instead of collapsing. */
+/* What "auto" runs: "adaptive" on both sides of the cliff. It follows whichever of knn, layered,
+ * lfu and lru its shadow caches find best on the routing it sees, so what it runs for a model is
+ * measured on that model, not chosen here (bench/results/replay.md: the shared trace, traces
+ * recorded from structured-router synthetic models of every architecture, traces inverting the
+ * shared one's statistics). The budget and working set stay in the signature so the two regimes
+ * can be told apart again if a measurement ever asks for it. */
 tr_policy_kind tr_policy_auto(uint64_t budget_bytes, uint64_t working_set);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* The policy object                                                                              */
+
+/* The rules the adaptive policy duels (knn, layered, lfu, lru), for its statistics */
+#define TR_POLICY_N_RULES 4
+const char *tr_policy_rule_name(int rule);
 
 typedef struct tr_policy_key {
     int32_t layer, expert;
@@ -94,8 +102,8 @@ typedef struct tr_policy_params {
      * own size. NULL: every layer is a MoE layer and "auto"/"layered" assume equal sizes. */
     const uint64_t *expert_bytes;
     uint64_t seed; /* random; 0 picks a fixed default */
-    /* lrfu/layered: decay per visit of the item's layer, in (0,1]; 0 = the default (0.9 lrfu,
-     * 0.95 layered). Router weights enter as w^0.5 per selection. */
+    /* lrfu/layered/knn/adaptive: decay per visit of the item's layer, in (0,1]; 0 = the default
+     * (0.9 lrfu, 0.95 the others). Router weights enter as w^0.5 per selection. */
     double decay;
     /* belady only: the lookups the caller will make, in order (n_future entries). Every lookup
      * must match the next entry; the future tells each item's next use. */
@@ -158,6 +166,14 @@ tr_status tr_policy_unpin(tr_policy *p, int32_t layer, int32_t expert, tr_error 
 /* Drops a resident, unpinned item without counting an eviction (a failed read). */
 tr_status tr_policy_remove(tr_policy *p, int32_t layer, int32_t expert, tr_error *err);
 
+/* Protection: keeps these resident, unpinned experts of `layer` out of the victims until the next
+ * tr_policy_route (of any layer), unless nothing else can make room; it replaces any earlier
+ * protection. For the expert cache's router lookahead: the experts the next layer is predicted to
+ * use are kept while the current layer evicts, without being read early. Experts that are not
+ * resident, or pinned, are ignored. */
+tr_status tr_policy_protect(tr_policy *p, int32_t layer, const int32_t *experts, int32_t n,
+                            tr_error *err);
+
 /* 0 when not resident */
 uint64_t tr_policy_resident_bytes(const tr_policy *p, int32_t layer, int32_t expert);
 
@@ -167,6 +183,9 @@ typedef struct tr_policy_stats {
     uint64_t used_bytes, pinned_bytes, budget_bytes;
     uint64_t resident_items;
     uint64_t overcommits; /* admits that went over budget (TR_POLICY_OVERCOMMIT) */
+    uint64_t protected_evictions; /* victims taken from the protected set (nothing else left) */
+    /* adaptive: decode layer steps in which each rule (tr_policy_rule_name) led */
+    uint64_t lead_steps[TR_POLICY_N_RULES];
 } tr_policy_stats;
 
 void tr_policy_get_stats(const tr_policy *p, tr_policy_stats *out);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -590,17 +591,25 @@ static tr_status read_shards(tr_model *m, const tr_model_params *p, tr_error *er
             if (p->progress) p->progress(p->progress_user, "loading", done, total);
         }
     }
+    /* The dense weights are in memory terrace owns now; their file pages would stay in the page
+     * cache, charged to a memory cgroup and given back only under pressure, where the expert
+     * cache could use them. The routed experts are read with O_DIRECT (or, buffered, would be
+     * cached by the kernel anyway): dropping the whole file's pages loses nothing. */
+    if (moe_cache) {
+        bool dropped = true;
+        for (uint32_t i = 0; i < n; i++)
+            dropped &= posix_fadvise(tr_gguf_shard_fd(m->gguf, i), 0, 0, POSIX_FADV_DONTNEED) == 0;
+        m->plan.dense_cache_dropped = dropped;
+    }
     return TR_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* the expert cache                                                                               */
 
-/* what the memory budget is when the user did not say: the memory cgroup's limit if one is set
- * (page cache counts against it, and that is where "bigger than memory" runs live), else
- * MemAvailable */
-static uint64_t auto_mem_budget(void) {
-    uint64_t limit = 0;
+/* What the memory planner needs to know about the machine (tr_expert_plan): the memory cgroup's
+ * limit and usage, if the process is in one with a limit, MemAvailable, and the process's RSS. */
+static void read_memory(tr_expert_plan_in *in) {
     FILE *f = fopen("/proc/self/cgroup", "r");
     if (f) {
         char line[1024];
@@ -610,25 +619,36 @@ static uint64_t auto_mem_budget(void) {
             char *path = mem + strlen(":memory:");
             path[strcspn(path, "\n")] = '\0';
             char file[1200];
+            unsigned long long lim = 0, use = 0;
             snprintf(file, sizeof file, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", path);
             FILE *lf = fopen(file, "r");
-            unsigned long long v;
-            if (lf && fscanf(lf, "%llu", &v) == 1 && v < (1ULL << 60)) limit = v;
+            const bool ok = lf && fscanf(lf, "%llu", &lim) == 1 && lim < (1ULL << 60);
             if (lf) fclose(lf);
+            snprintf(file, sizeof file, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", path);
+            FILE *uf = fopen(file, "r");
+            if (ok && uf && fscanf(uf, "%llu", &use) == 1) {
+                in->cg_limit = lim;
+                in->cg_usage = use;
+            }
+            if (uf) fclose(uf);
         }
         fclose(f);
     }
-    uint64_t avail = 0;
     f = fopen("/proc/meminfo", "r");
     if (f) {
         char key[64];
         unsigned long long kb;
         while (fscanf(f, "%63s %llu kB", key, &kb) == 2)
-            if (!strcmp(key, "MemAvailable:")) avail = (uint64_t)kb * 1024;
+            if (!strcmp(key, "MemAvailable:")) in->mem_available = (uint64_t)kb * 1024;
         fclose(f);
     }
-    if (limit && (!avail || limit < avail)) return limit;
-    return avail;
+    f = fopen("/proc/self/statm", "r");
+    if (f) {
+        unsigned long long size, res;
+        if (fscanf(f, "%llu %llu", &size, &res) == 2)
+            in->rss_now = (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+        fclose(f);
+    }
 }
 
 /* a byte count for messages: "912 B", "1.5 KiB", "98.4 MiB", "2.00 GiB" */
@@ -682,19 +702,25 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
     }
     if (budget == TR_EXPERT_CACHE_MIN) budget = min_budget;
     if (!budget) {
-        const uint64_t mem = p->mem_budget_bytes ? p->mem_budget_bytes : auto_mem_budget();
-        /* leave the dense weights, a default session (KV + scratch) and headroom for the
-         * process and the kernel's own pages (code, page tables): a cgroup near its limit
-         * reclaims, and reclaim stalls cost more than a smaller cache */
-        const uint64_t reserve = m->dense_bytes + tr_session_estimate_default(m) + mem / 8 +
-                                 (96u << 20);
-        budget = mem > reserve ? mem - reserve : 0;
-        const uint64_t all = m->expert_total_bytes + (uint64_t)hp->n_layer * hp->n_expert * 3 * 8192;
-        if (budget > all) budget = all; /* no point in more than every expert */
-        if (budget < min_budget) {
-            budget = min_budget;
-            clamped = p->mem_budget_bytes != 0;
-        }
+        tr_expert_plan_in in = {
+            .mem_budget = p->mem_budget_bytes,
+            .dense_bytes = m->dense_bytes,
+            .dense_cache_dropped = m->plan.dense_cache_dropped,
+            .session_bytes = tr_session_estimate(m, p->session_ctx, p->session_batch),
+            /* per expert: the cache's entry, the real policy's and its four shadows' tables,
+             * generously; and the two routing-history rings of knn (one in adaptive's shadow) */
+            .bookkeeping = (uint64_t)hp->n_layer * (uint64_t)hp->n_expert * 1024 + (4u << 20),
+            .min_budget = min_budget,
+            /* every expert with its slot's page rounding: more would never be used */
+            .all_experts = m->expert_total_bytes + (uint64_t)hp->n_layer * hp->n_expert * 3 * 8192,
+        };
+        read_memory(&in);
+        const bool dropped = m->plan.dense_cache_dropped;
+        tr_expert_plan(&in, &m->plan);
+        m->plan.automatic = true;
+        m->plan.dense_cache_dropped = dropped;
+        budget = m->plan.budget_bytes;
+        clamped = p->mem_budget_bytes != 0 && m->plan.raised_to_min;
     }
     tr_expert_cache_params cp = {
         .budget_bytes = budget,
@@ -800,6 +826,7 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     }
     m->dense_bytes = m->weight_bytes - m->expert_total_bytes;
     m->expert_prefetch = p.expert_prefetch;
+    m->expert_lookahead = p.expert_lookahead;
     if (m->hp.n_expert > 0 && p.experts == TR_EXPERTS_CACHE && (s = setup_experts(m, &p, err)))
         goto fail;
     m->kern = tr_kernels_best();
@@ -837,6 +864,11 @@ void tr_model_free(tr_model *m) {
 const char *tr_model_arch(const tr_model *m) { return m->arch_name; }
 const char *tr_model_warning(const tr_model *m) { return m->warning[0] ? m->warning : NULL; }
 
+void tr_model_expert_plan(const tr_model *m, tr_expert_budget_plan *out) {
+    *out = m->plan;
+    if (!out->automatic) memset(out, 0, sizeof *out);
+}
+
 void tr_model_get_stats(const tr_model *m, tr_model_stats *out) {
     memset(out, 0, sizeof *out);
     out->moe = m->hp.n_expert > 0;
@@ -862,6 +894,8 @@ void tr_model_get_stats(const tr_model *m, tr_model_stats *out) {
     out->prefetch_issued = st.prefetch_issued;
     out->prefetch_used = st.prefetch_used;
     out->prefetch_wasted_bytes = st.prefetch_wasted_bytes;
+    out->expert_policy_ns = st.policy_ns;
+    out->protected_evictions = st.protected_evictions;
 }
 int32_t tr_model_n_vocab(const tr_model *m) { return m->hp.n_vocab; }
 int32_t tr_model_n_ctx_train(const tr_model *m) { return m->hp.n_ctx_train; }

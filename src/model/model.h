@@ -117,11 +117,13 @@ struct tr_model {
     void *route_hook_user;
     int32_t trace_turn;
     int expert_prefetch;          /* experts of the next layer to read ahead */
+    bool expert_lookahead;        /* protect the next layer's predicted experts from eviction */
     int32_t pred_layer, pred_n;   /* the last prediction, checked when that layer routes */
     int32_t pred[256];
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
     char warning[1024];
+    tr_expert_budget_plan plan; /* how an auto budget was chosen */
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
     void **owned;            /* buffers the model frees: converted vectors, --no-mmap copies */
     size_t n_owned, cap_owned;
@@ -141,5 +143,28 @@ const tr_arch *tr_arch_find(const char *name);
 bool tr_model_has_key(const struct tr_model *m, const char *suffix);
 bool tr_model_key_float(const struct tr_model *m, const char *suffix, float *out);
 bool tr_model_key_int(const struct tr_model *m, const char *suffix, int64_t *out);
+
+/* The expert cache's auto budget (src/model/budget.c). tr_expert_plan is a pure function of its
+ * inputs: no I/O, no allocation, callable more than once (load.c's read_memory fills the machine's
+ * side, setup_experts the model's). A whole-process planner can call it with its own session and
+ * bookkeeping figures, or with mem_budget set to the share it gives the experts. All in bytes.
+ * The cap is mem_budget if set, else the cgroup limit if the cgroup is the tighter bound, else
+ * MemAvailable + rss_now; budget = cap - in use - session - bookkeeping - margin (5% of the cap,
+ * 16 MiB .. 10%), clamped to [min_budget, all_experts]; out->how says the same in one line. */
+typedef struct tr_expert_plan_in {
+    uint64_t mem_budget;          /* --mem-budget (0: none); in use is then rss_now */
+    uint64_t cg_limit, cg_usage;  /* the memory cgroup's limit and usage (0: none), measured
+                                   * after the dense weights are read (page cache included) */
+    uint64_t mem_available;       /* /proc/meminfo MemAvailable */
+    uint64_t rss_now;             /* the process, once the dense weights are in */
+    uint64_t dense_bytes;         /* reported only: already inside the usage/RSS above */
+    bool dense_cache_dropped;     /* reported only: their page cache was dropped after the read */
+    uint64_t session_bytes;       /* KV + scratch of the session(s) the caller will create */
+    uint64_t bookkeeping;         /* the cache's tables and policies outside the arena */
+    uint64_t min_budget;          /* tr_expert_cache_min_budget: the smallest legal arena */
+    uint64_t all_experts;         /* every expert with slot rounding: the largest useful arena */
+} tr_expert_plan_in;
+
+void tr_expert_plan(const tr_expert_plan_in *in, tr_expert_budget_plan *out);
 
 #endif

@@ -135,9 +135,11 @@ static bool run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e
     return true;
 }
 
-/* Prefetch: apply the next MoE layer's router to this layer's FFN input (the residual stream
- * changes little from one layer to the next, so its router's choice is a good guess) and start
- * reading the top predicted experts while this layer computes. Decode only (few rows). */
+/* Lookahead: apply the next MoE layer's router to this layer's FFN input (the residual stream
+ * changes little from one layer to the next, so its router's choice is a good guess). Prefetch
+ * starts reading the top predicted experts while this layer computes; protection keeps the
+ * predicted experts that are resident from being evicted by this layer's misses, reading
+ * nothing. Decode only (few rows). */
 static void predict_next(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
     const tr_hparams *hp = &m->hp;
     int32_t ln = l + 1;
@@ -146,7 +148,8 @@ static void predict_next(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
     const tr_layer *N = &m->layers[ln];
     const int64_t E = hp->n_embd;
     const int32_t NE = hp->n_expert;
-    int32_t want = m->expert_prefetch < NE ? m->expert_prefetch : NE;
+    int32_t want = m->expert_prefetch > hp->n_expert_used ? m->expert_prefetch : hp->n_expert_used;
+    if (want > NE) want = NE;
     for (int32_t r = 0; r < rows; r++) {
         float *xn = sc->moe_in + (size_t)r * E;
         tr_rmsnorm(xn, sc->x + (size_t)r * E, N->ffn_norm, E, hp->rms_eps);
@@ -167,7 +170,10 @@ static void predict_next(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
     }
     m->pred_layer = ln;
     m->pred_n = n;
-    tr_expert_cache_prefetch(m->experts, ln, m->pred, n);
+    if (m->expert_lookahead) tr_expert_cache_protect(m->experts, ln, m->pred, n);
+    /* the first experts of the list are the router's most likely (one row: its top-k order) */
+    if (m->expert_prefetch > 0)
+        tr_expert_cache_prefetch(m->experts, ln, m->pred, n < m->expert_prefetch ? n : m->expert_prefetch);
 }
 
 tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float *out,
@@ -204,7 +210,8 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
         m->prefetch_predicted += (uint64_t)rows * (uint64_t)K;
         m->pred_n = 0;
     }
-    if (m->experts && m->expert_prefetch > 0 && rows <= 4) predict_next(m, sc, l, rows);
+    if (m->experts && (m->expert_prefetch > 0 || m->expert_lookahead) && rows <= 4)
+        predict_next(m, sc, l, rows);
 
     /* group (row, slot) pairs by expert: counting sort, rows ascending within an expert */
     memset(sc->moe_off, 0, (size_t)(NE + 1) * sizeof *sc->moe_off);

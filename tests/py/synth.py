@@ -96,6 +96,26 @@ BIG_MOE = {"qwen3moe-1g": dict(n_embd=1024, n_layer=18, n_head=16, n_head_kv=4, 
                                n_expert=64, top_k=8, n_ff_exp=512)}
 
 
+# MoE models whose routers have structure, for recording route traces (tests/py/route_traces.py):
+# every architecture, 12 layers, 32 experts. Each expert prefers one of TOPICS groups of tokens
+# (routing drifts as the text changes topic), experts' popularity follows a Zipf law (skew), and
+# layer l+1's router is layer l's with its rows permuted and noise added (per-layer correlation).
+ROUTE_ARCHS = {
+    a + "-routes": dict(MOE_ARCHS[a], n_embd=128, n_layer=12, n_head=4, n_head_kv=2, head_dim=32,
+                        n_expert=32,
+                        top_k={"mixtral": 2, "gpt-oss": 4}.get(a, 4), n_ff_exp=64, routes=True)
+    for a in MOE_ARCHS
+}
+TOPICS = 4
+ROUTE_SKEW, ROUTE_TOPIC, ROUTE_SCALE = 1.5, 1.0, 2.0
+EMB_COMMON, EMB_TOPIC = 0.2, 0.4
+
+
+def topic_of_token(i):
+    """the topic group of token id i (route_traces.py writes text by these groups)"""
+    return i % TOPICS
+
+
 class FastRng:
     """numpy's generator: fast, for benchmark models whose exact bytes do not matter"""
 
@@ -171,6 +191,9 @@ def write(arch, qtype, path):
         return _write_moe(arch, MOE_ARCHS[arch], qtype, path)
     if arch in BIG_MOE:
         return _write_moe("qwen3moe", BIG_MOE[arch], qtype, path, FastRng(2))
+    if arch in ROUTE_ARCHS:
+        return _write_moe(arch[: -len("-routes")], ROUTE_ARCHS[arch], qtype, path,
+                          FastRng(hash_seed(arch) & 0xFFFFFFFF))
     big = arch in BIG
     cfg = BIG[arch] if big else ARCHS[arch]
     saved_vocab = N_VOCAB
@@ -378,7 +401,21 @@ def _write_moe(arch, cfg, qtype, path, fast_rng=None):
     def vec(name, n, mean=1.0, std=0.1):
         w.add_tensor(name, chat_weights(arch, name, (mean + rng.normal((n,), std)).astype(np.float32), saved))
 
-    mat("token_embd.weight", N_VOCAB, E, 1.0)
+    routes = cfg.get("routes", False)
+    if routes:
+        # token embeddings: a common direction (every token's state shares it: the skew's axis),
+        # the token's topic direction and noise
+        common = rng.normal((E,), 1.0)
+        topic_dirs = rng.normal((TOPICS, E), 1.0)
+        emb = rng.normal((N_VOCAB, E), 1.0) + EMB_COMMON * common[None, :]
+        emb += EMB_TOPIC * topic_dirs[[topic_of_token(i) for i in range(N_VOCAB)]]
+        d, t = stored(emb.astype(np.float32))
+        w.add_tensor("token_embd.weight", d, raw_dtype=t)
+        zipf = 1.0 / (1.0 + np.arange(NE)) ** 0.8
+        expert_topic = np.arange(NE) % TOPICS
+        router = None
+    else:
+        mat("token_embd.weight", N_VOCAB, E, 1.0)
     vec("output_norm.weight", E)
     # a more peaked head than the dense models': MoE adds routing flips to the rounding noise
     mat("output.weight", N_VOCAB, E, 0.25, head_scale(8.0, 4.0))
@@ -415,7 +452,20 @@ def _write_moe(arch, cfg, qtype, path, fast_rng=None):
         if arch == "phimoe":
             vec(p + "ffn_norm.bias", E, 0.0, 0.1)
         # router in F32, as the converters write it; a larger scale gives decisive routing
-        w.add_tensor(p + "ffn_gate_inp.weight", rng.normal((NE, E), 8.0 * E ** -0.5))
+        if routes:
+            fresh = (rng.normal((NE, E), 1.0) + ROUTE_SKEW * zipf[:, None] * common[None, :]
+                     + ROUTE_TOPIC * topic_dirs[expert_topic])
+            # layer l+1 = layer l's rows in a new order (expert e here is expert perm[e] there)
+            # plus noise: co-activation across layers without identical routers
+            router = fresh if router is None else (
+                0.8 * router[rng.g.permutation(NE)] + 0.6 * fresh)
+            # rows of norm ROUTE_SCALE: logits of a few units, so the top-k is decided by the
+            # state but the weights are not one-hot
+            w.add_tensor(p + "ffn_gate_inp.weight",
+                         (router * (ROUTE_SCALE / np.linalg.norm(router, axis=1, keepdims=True)))
+                         .astype(np.float32))
+        else:
+            w.add_tensor(p + "ffn_gate_inp.weight", rng.normal((NE, E), 8.0 * E ** -0.5))
         if arch == "gpt-oss":
             vec(p + "ffn_gate_inp.bias", NE, 0.0, 0.5)
         exps(p + "ffn_gate_exps.weight", FE, E, E ** -0.5)
@@ -465,7 +515,7 @@ def token_sequence(n, seed=1):
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--list"]:
-        print(" ".join(list(ARCHS) + list(MOE_ARCHS)))
+        print(" ".join(list(ARCHS) + list(MOE_ARCHS) + list(ROUTE_ARCHS)))
         sys.exit(0)
     args = sys.argv[1:]
     if "--chat" in args:

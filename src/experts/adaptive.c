@@ -1,0 +1,530 @@
+/*
+ * knn and adaptive expert-cache policies (see adaptive.h for what they do and why).
+ *
+ * Fingerprint ring. Token tok's choice at layer l is a bitmask of n_expert bits (W words) at
+ * ring[(tok mod HIST) * L + l]. A layer step with R rows (a prefill batch: R tokens, row-major
+ * top-k) records R tokens; a step whose layer is not after the previous step's starts the next
+ * token cycle, so the ring follows the forward pass without being told where tokens begin.
+ *
+ * Similarity by lag. During single-row (decode) cycles, S[d] is the overlap between the window
+ * "token t's layers up to the current one, token t-1's after it" and the same window d tokens
+ * earlier. Indexed by lag, S does not change when a token ends; each layer step j adds
+ * |t ∩ (t-d)| and removes |(t-1) ∩ (t-1-d)| at layer j. After a batch it is recomputed once.
+ *
+ * A prediction at (t, j) takes the NEIGH lags with the largest S and, per layer m, adds S^3 to
+ * every expert the neighbour chose at the aligned next visit: token t-d for the layers still
+ * ahead in this token (m > j), t-d+1 for those already passed (m <= j, next visited at t+1). The
+ * smallest lag, d = 1, is the recent past itself, so when routing simply repeats, the predictor
+ * behaves like recency.
+ */
+#include "experts/adaptive.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "experts/policy_internal.h"
+
+#define HIST  512 /* tokens of routing history: the window neighbours are searched in */
+/* neighbours a prediction uses: on the shared trace and the generated ones 16 give the hit rates
+ * of 32 within 0.1 points (0.4 on the shuffled trace, where neighbours mean little), at half the
+ * cost */
+#define NEIGH 16
+/* Shadow hits are summed with this weight per token of age: the leader is the rule that did
+ * best over the last few dozen tokens, so a change of regime (a new turn, a new topic) is
+ * followed within a few tokens while one unlucky token does not flip it. */
+#define SCORE_KEEP 0.97
+
+enum { R_KNN, R_LAYERED, R_LRU, R_LFU };
+_Static_assert(TR_POLICY_N_RULES == 4, "rules");
+
+static const char *const k_rule_names[TR_POLICY_N_RULES] = {"knn", "layered", "lru", "lfu"};
+static const tr_policy_kind k_rule_kinds[TR_POLICY_N_RULES] = {TR_POLICY_KNN, TR_POLICY_LAYERED,
+                                                               TR_POLICY_LRU, TR_POLICY_LFU};
+
+const char *tr_policy_rule_name(int rule) {
+    return rule >= 0 && rule < TR_POLICY_N_RULES ? k_rule_names[rule] : "?";
+}
+
+/* popcount without relying on the POPCNT instruction (the baseline build has none) */
+static inline int popcount64(uint64_t x) {
+    x = x - ((x >> 1) & 0x5555555555555555ull);
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+    return (int)((x * 0x0101010101010101ull) >> 56);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The predictor                                                                                  */
+
+struct tr_adapt {
+    int32_t L, E, K, W;
+    uint32_t n_keys;
+    uint64_t *ring; /* [HIST][L][W] */
+    /* the same choices as lists: [HIST][L][K] ids, [HIST][L] counts. The prediction adds by
+     * list: a fixed-length loop, where walking the mask's bits costs a mispredicted branch per
+     * word (measured: 3x slower on the shared trace) */
+    uint16_t *ids;
+    uint8_t *n_ids;
+    int64_t n_tok;  /* tokens recorded so far */
+    int64_t cyc_base;
+    int32_t cyc_rows, last_layer, cur_layer;
+    bool cyc_single;
+    double *S; /* [HIST] similarity by lag */
+    /* [L][HIST] what layer l added to S[d] at the last token: the term to take out at the next
+     * (the window's oldest layer step), kept instead of recomputed */
+    uint16_t *last_ov;
+    bool S_valid;
+    int64_t S_tok;
+    float *acc; /* [n_keys] the prediction of the current step */
+    uint64_t step, acc_step;
+    int32_t *nb_lag; /* [NEIGH] */
+    double *nb_s;
+};
+
+static uint64_t *mask_at(const tr_adapt *a, int64_t tok, int32_t layer) {
+    if (tok < 0 || tok >= a->n_tok || tok < a->n_tok - HIST) return NULL;
+    return a->ring + ((size_t)(tok % HIST) * (size_t)a->L + (size_t)layer) * (size_t)a->W;
+}
+
+static size_t slot_of(int64_t tok) { return (size_t)(tok % HIST); }
+
+static bool have(const tr_adapt *a, int64_t tok) {
+    return tok >= 0 && tok < a->n_tok && tok >= a->n_tok - HIST;
+}
+
+static int overlap(const tr_adapt *a, int64_t x, int64_t y, int32_t layer) {
+    const uint64_t *mx = mask_at(a, x, layer), *my = mask_at(a, y, layer);
+    if (!mx || !my) return 0;
+    int n = 0;
+    for (int32_t w = 0; w < a->W; w++) n += popcount64(mx[w] & my[w]);
+    return n;
+}
+
+static int32_t max_lag(int64_t t) { return (int32_t)(t < HIST - 2 ? t : HIST - 2); }
+
+/* S for the window ending at (t, j), from scratch */
+static void similarity_full(tr_adapt *a, int64_t t, int32_t j) {
+    const int32_t dmax = max_lag(t);
+    for (int32_t d = 1; d <= dmax; d++) {
+        double s = 0;
+        for (int32_t m = 0; m < a->L; m++) {
+            const int o = m <= j ? overlap(a, t, t - d, m) : overlap(a, t - 1, t - 1 - d, m);
+            a->last_ov[(size_t)m * HIST + (size_t)d] = (uint16_t)o;
+            s += o;
+        }
+        a->S[d] = s;
+    }
+    a->S_valid = true;
+    a->S_tok = t;
+}
+
+/* S moves from the window ending before layer j of token t to the one ending at it: layer j of
+ * token t comes in, layer j of token t-1 (stored when it came in) goes out */
+static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
+    if (!a->S_valid || (a->S_tok != t && a->S_tok != t - 1)) {
+        similarity_full(a, t, j);
+        return;
+    }
+    const int32_t dmax = max_lag(t);
+    const uint64_t *cur = mask_at(a, t, j);
+    uint16_t *last = a->last_ov + (size_t)j * HIST;
+    if (a->W == 1) {
+        const uint64_t c = cur[0];
+        for (int32_t d = 1; d <= dmax; d++) {
+            const int o = popcount64(c & a->ring[(size_t)((t - d) % HIST) * (size_t)a->L + (size_t)j]);
+            a->S[d] += o - last[d];
+            last[d] = (uint16_t)o;
+        }
+    } else {
+        for (int32_t d = 1; d <= dmax; d++) {
+            const int o = overlap(a, t, t - d, j);
+            a->S[d] += o - last[d];
+            last[d] = (uint16_t)o;
+        }
+    }
+    a->S_tok = t;
+}
+
+const float *tr_adapt_predict(tr_adapt *a) {
+    if (a->acc_step == a->step) return a->acc;
+    a->acc_step = a->step;
+    memset(a->acc, 0, (size_t)a->n_keys * sizeof *a->acc);
+    if (!a->cyc_single || !a->S_valid) return a->acc; /* in a batch: the LRFU order decides */
+    const int64_t t = a->cyc_base;
+    const int32_t j = a->cur_layer;
+    /* the NEIGH largest S: a min-heap on S */
+    int n = 0;
+    const int32_t dmax = max_lag(t);
+    for (int32_t d = 1; d <= dmax; d++) {
+        const double s = a->S[d];
+        if (s <= 0 || (n == NEIGH && s <= a->nb_s[0])) continue;
+        int i;
+        if (n < NEIGH) {
+            i = n++;
+            while (i > 0 && a->nb_s[(i - 1) / 2] > s) {
+                a->nb_s[i] = a->nb_s[(i - 1) / 2];
+                a->nb_lag[i] = a->nb_lag[(i - 1) / 2];
+                i = (i - 1) / 2;
+            }
+        } else {
+            i = 0;
+            for (;;) {
+                int c = 2 * i + 1;
+                if (c >= n) break;
+                if (c + 1 < n && a->nb_s[c + 1] < a->nb_s[c]) c++;
+                if (a->nb_s[c] >= s) break;
+                a->nb_s[i] = a->nb_s[c];
+                a->nb_lag[i] = a->nb_lag[c];
+                i = c;
+            }
+        }
+        a->nb_s[i] = s;
+        a->nb_lag[i] = d;
+    }
+    for (int i = 0; i < n; i++) {
+        const double s = a->nb_s[i];
+        const float w = (float)(s * s * s);
+        const int32_t d = a->nb_lag[i];
+        /* layers ahead of j: token t-d's choice; layers passed: token t-d+1's */
+        const bool ha = have(a, t - d), hp = have(a, t - d + 1);
+        const size_t sa = slot_of(t - d) * (size_t)a->L, sp = slot_of(t - d + 1) * (size_t)a->L;
+        for (int32_t m = 0; m < a->L; m++) {
+            if (!(m > j ? ha : hp)) continue;
+            const size_t row = (m > j ? sa : sp) + (size_t)m;
+            const uint16_t *id = a->ids + row * (size_t)a->K;
+            float *out = a->acc + (size_t)m * (size_t)a->E;
+            for (int32_t q = 0, nq = a->n_ids[row]; q < nq; q++) out[id[q]] += w;
+        }
+    }
+    return a->acc;
+}
+
+void tr_adapt_free(tr_adapt *a) {
+    if (!a) return;
+    free(a->ring);
+    free(a->ids);
+    free(a->n_ids);
+    free(a->S);
+    free(a->last_ov);
+    free(a->acc);
+    free(a->nb_lag);
+    free(a->nb_s);
+    free(a);
+}
+
+#define ALLOC(ptr, n) (((ptr) = calloc((n) ? (n) : 1, sizeof *(ptr))) != NULL)
+
+tr_adapt *tr_adapt_create(int32_t n_layer, int32_t n_expert, int32_t n_expert_used) {
+    tr_adapt *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->L = n_layer;
+    a->E = n_expert;
+    a->K = n_expert_used > 0 ? n_expert_used : 1;
+    a->W = (n_expert + 63) / 64;
+    a->n_keys = (uint32_t)n_layer * (uint32_t)n_expert;
+    a->last_layer = -1;
+    a->acc_step = UINT64_MAX;
+    const size_t ring_words = (size_t)a->L * (size_t)a->W * HIST;
+    const size_t id_rows = (size_t)a->L * HIST, id_words = id_rows * (size_t)a->K;
+    if (n_expert > 65536 || !ALLOC(a->ring, ring_words) ||
+        !ALLOC(a->ids, id_words) || !ALLOC(a->n_ids, id_rows) ||
+        !ALLOC(a->S, HIST) || !ALLOC(a->last_ov, id_rows) || !ALLOC(a->acc, a->n_keys) ||
+        !ALLOC(a->nb_lag, NEIGH) || !ALLOC(a->nb_s, NEIGH)) {
+        tr_adapt_free(a);
+        return NULL;
+    }
+    return a;
+}
+
+void tr_adapt_route(tr_adapt *a, int32_t layer, const tr_policy_route_info *info) {
+    a->step++;
+    a->cur_layer = layer;
+    int32_t rows = 1;
+    if (info && info->n >= a->K && info->n % a->K == 0) rows = info->n / a->K;
+    if (a->last_layer < 0 || layer <= a->last_layer || rows != a->cyc_rows) {
+        /* a new token cycle */
+        a->cyc_base = a->n_tok;
+        a->cyc_rows = rows;
+        a->n_tok += rows;
+        a->cyc_single = rows == 1;
+        const int32_t keep = rows < HIST ? rows : HIST;
+        for (int32_t r = rows - keep; r < rows; r++) {
+            memset(mask_at(a, a->cyc_base + r, 0), 0,
+                   (size_t)a->L * (size_t)a->W * sizeof *a->ring);
+            memset(a->n_ids + slot_of(a->cyc_base + r) * (size_t)a->L, 0, (size_t)a->L);
+        }
+        if (!a->cyc_single) a->S_valid = false;
+    }
+    a->last_layer = layer;
+    for (int32_t i = 0; info && i < info->n; i++) {
+        const int32_t e = info->experts[i];
+        const int64_t tok = a->cyc_base + (rows > 1 ? i / a->K : 0);
+        uint64_t *mk = mask_at(a, tok, layer);
+        if (!mk || mk[e / 64] >> (e % 64) & 1) continue; /* outside the ring, or a repeat */
+        mk[e / 64] |= 1ull << (e % 64);
+        const size_t row = slot_of(tok) * (size_t)a->L + (size_t)layer;
+        if (a->n_ids[row] < a->K) a->ids[row * (size_t)a->K + a->n_ids[row]++] = (uint16_t)e;
+    }
+    if (a->cyc_single) similarity_step(a, a->cyc_base, layer);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Victims of the real cache (knn, adaptive): the smallest key, compared lexicographically        */
+
+typedef struct rkey {
+    double a, b;
+    uint64_t c;
+} rkey;
+_Static_assert(sizeof(rkey) == TR_POLICY_CAND_KEY_BYTES, "candidate key size");
+
+static bool rless(rkey x, rkey y) {
+    if (x.a != y.a) return x.a < y.a;
+    if (x.b != y.b) return x.b < y.b;
+    return x.c < y.c;
+}
+
+static rkey rule_key(const tr_policy *p, int rule, const float *acc, const double *off,
+                     uint32_t k) {
+    switch (rule) {
+    case R_LRU: return (rkey){(double)p->stamp[k], 0, 0};
+    case R_LFU: return (rkey){(double)p->freq[k], (double)p->stamp[k], 0};
+    /* layered's order; equal values: the most recent goes (see rekey in policy.c) */
+    case R_LAYERED: return (rkey){p->pa[k] + off[p->klayer[k]], 0, UINT64_MAX - p->stamp[k]};
+    default: return (rkey){(double)acc[k], p->pa[k] + off[p->klayer[k]], UINT64_MAX - p->stamp[k]};
+    }
+}
+
+/* the lowest keys among p->ev (only layer `only` when >= 0) into p->cand, ascending */
+static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t only) {
+    double *off = p->la; /* scratch [n_layer]: the layer heaps are unused by these kinds */
+    for (int32_t l = 0; l < p->n_layer; l++) off[l] = (double)p->visits[l] * p->log_decay;
+    uint32_t n = 0;
+    const uint32_t cap = p->cand_cap;
+    rkey *ck = (rkey *)p->cand_key;
+    for (uint32_t i = 0; i < p->ev_n; i++) {
+        const uint32_t k = p->ev[i];
+        if (only >= 0 && p->klayer[k] != only) continue;
+        const rkey rk = rule_key(p, rule, acc, off, k);
+        if (n == cap && !rless(rk, ck[n - 1])) continue;
+        uint32_t j = n < cap ? n++ : n - 1; /* insertion into the sorted prefix */
+        while (j > 0 && rless(rk, ck[j - 1])) {
+            p->cand[j] = p->cand[j - 1];
+            ck[j] = ck[j - 1];
+            j--;
+        }
+        p->cand[j] = k;
+        ck[j] = rk;
+    }
+    p->cand_n = n;
+    p->cand_i = 0;
+    p->cand_rule = rule;
+    p->cand_valid = only < 0;
+}
+
+uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
+    const int rule = p->duel ? tr_duel_lead(p->duel) : R_KNN;
+    const float *acc = rule != R_KNN ? NULL
+                       : p->duel     ? tr_duel_predict(p->duel)
+                                     : tr_adapt_predict(p->ad);
+    /* layered: a layer over its fair share pays for its own misses */
+    if (rule == R_LAYERED && staging >= 0 &&
+        p->layer_used[staging] + incoming > p->share[staging]) {
+        fill_candidates(p, rule, acc, staging);
+        if (p->cand_n) return p->cand[0];
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        if (!p->cand_valid || p->cand_rule != rule) fill_candidates(p, rule, acc, -1);
+        while (p->cand_i < p->cand_n) {
+            const uint32_t k = p->cand[p->cand_i++];
+            if (p->ev_pos[k] != NOT_IN_HEAP) return k;
+        }
+        p->cand_valid = false; /* used up: scan again */
+    }
+    return UINT32_MAX;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Dueling                                                                                        */
+
+/* Shadows simulate a sample of the layers, as set dueling samples cache sets: the MoE layers in
+ * blocks of s consecutive ones, s chosen so that about SAMPLE_LAYERS blocks exist, and one layer
+ * of each block at an offset drawn from a fixed hash of the block, with the budget's share of
+ * those layers in a token's working set. Each rule meets the same routing at a fraction of the
+ * cost. The offset varies from block to block because a fixed one aliases with any structure
+ * that repeats across layers: every 6th layer of 48 is an even one, and on a trace whose odd
+ * layers route at random (route_traces.py's "mixed") the shadows never saw the layers where the
+ * rules differ and the cache followed the wrong one (1.6 points below LFU). */
+#define SAMPLE_LAYERS 8
+
+static uint32_t block_hash(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+struct tr_duel {
+    tr_policy *sh[TR_POLICY_N_RULES];
+    tr_adapt *pred; /* the routing-neighbour predictor, every layer: the real cache's and knn's */
+    bool *sampled;  /* [n_layer] */
+    int32_t n_expert, n_expert_used;
+    double score[TR_POLICY_N_RULES];
+    int lead;
+    uint64_t lead_steps[TR_POLICY_N_RULES];
+    /* the current step's distinct lookups, replayed into the shadows when it ends */
+    int32_t step_layer, *step_ex, step_n;
+    uint64_t *seen, step;
+    bool step_single;
+    int32_t last_layer;
+    bool *miss;
+};
+
+void tr_duel_free(tr_duel *d) {
+    if (!d) return;
+    for (int r = 0; r < TR_POLICY_N_RULES; r++) tr_policy_free(d->sh[r]);
+    tr_adapt_free(d->pred);
+    free(d->sampled);
+    free(d->step_ex);
+    free(d->seen);
+    free(d->miss);
+    free(d);
+}
+
+tr_status tr_duel_create(const tr_policy_params *pp, tr_duel **out, tr_error *err) {
+    *out = NULL;
+    tr_duel *d = calloc(1, sizeof *d);
+    if (!d) return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory");
+    d->n_expert = pp->n_expert;
+    d->n_expert_used = pp->n_expert_used;
+    d->step_layer = -1;
+    d->last_layer = -1;
+    const size_t nk = (size_t)pp->n_layer * (size_t)pp->n_expert, nl = (size_t)pp->n_layer;
+    uint64_t *eb = calloc(nl, sizeof *eb);
+    if (!eb || !ALLOC(d->step_ex, (size_t)pp->n_expert) || !ALLOC(d->seen, nk) ||
+        !ALLOC(d->miss, (size_t)pp->n_expert) || !ALLOC(d->sampled, nl) ||
+        !(d->pred = tr_adapt_create(pp->n_layer, pp->n_expert, pp->n_expert_used))) {
+        free(eb);
+        tr_duel_free(d);
+        return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory");
+    }
+    int32_t n_moe = 0;
+    for (size_t l = 0; l < nl; l++) n_moe += !pp->expert_bytes || pp->expert_bytes[l] > 0;
+    const int32_t stride = n_moe > SAMPLE_LAYERS ? n_moe / SAMPLE_LAYERS : 1;
+    uint64_t all = 0, part = 0;
+    for (int32_t l = 0, i = 0; l < (int32_t)nl; l++) {
+        const uint64_t b = pp->expert_bytes ? pp->expert_bytes[l] : 1;
+        if (!b) continue;
+        all += b;
+        const int32_t blk = i / stride, in_blk = i % stride;
+        /* the last block may be short: its offset is drawn within what it has */
+        const int32_t blk_len = n_moe - blk * stride < stride ? n_moe - blk * stride : stride;
+        d->sampled[l] = in_blk == (int32_t)(block_hash((uint32_t)blk + 1) % (uint32_t)blk_len);
+        i++;
+        if (d->sampled[l]) {
+            eb[l] = b;
+            part += b;
+        }
+    }
+    uint64_t budget = all ? (uint64_t)((double)pp->budget_bytes * (double)part / (double)all) : 1;
+    if (!budget) budget = 1;
+    for (int r = 0; r < TR_POLICY_N_RULES; r++) {
+        tr_policy_params sp = *pp;
+        sp.kind = k_rule_kinds[r];
+        sp.future = NULL;
+        sp.n_future = 0;
+        sp.expert_bytes = eb;
+        sp.budget_bytes = budget;
+        tr_status s = tr_policy_create(&sp, &d->sh[r], err);
+        if (s) {
+            free(eb);
+            tr_duel_free(d);
+            return s;
+        }
+    }
+    free(eb);
+    /* knn's shadow votes with the shared predictor, which the duel routes */
+    tr_policy *k = d->sh[R_KNN];
+    tr_adapt_free(k->ad);
+    k->ad = d->pred;
+    k->ad_borrowed = true;
+    *out = d;
+    return TR_OK;
+}
+
+/* The step's lookups reach every shadow as a replay batch would: hits pinned, misses admitted
+ * (over budget if the step needs it) and pinned, all unpinned, the excess trimmed. */
+static void flush_step(tr_duel *d) {
+    if (d->step_layer < 0 || !d->step_n || !d->sampled[d->step_layer]) {
+        d->step_n = 0;
+        return;
+    }
+    const int32_t l = d->step_layer;
+    for (int r = 0; r < TR_POLICY_N_RULES; r++) {
+        tr_policy *s = d->sh[r];
+        const uint64_t bytes = s->layer_bytes[l] ? s->layer_bytes[l] : 1;
+        uint64_t hits = 0;
+        for (int32_t i = 0; i < d->step_n; i++) {
+            bool hit = false;
+            tr_policy_lookup(s, l, d->step_ex[i], &hit, NULL);
+            d->miss[i] = !hit;
+            hits += hit;
+            if (hit) tr_policy_pin(s, l, d->step_ex[i], NULL);
+        }
+        for (int32_t i = 0; i < d->step_n; i++)
+            if (d->miss[i] && !tr_policy_admit(s, l, d->step_ex[i], bytes, TR_POLICY_OVERCOMMIT,
+                                               NULL))
+                tr_policy_pin(s, l, d->step_ex[i], NULL);
+        for (int32_t i = 0; i < d->step_n; i++)
+            if (tr_policy_resident_bytes(s, l, d->step_ex[i]))
+                tr_policy_unpin(s, l, d->step_ex[i], NULL);
+        if (s->used > s->budget) tr_policy_trim(s, NULL);
+        if (d->step_single) d->score[r] += (double)hits;
+    }
+    d->step_n = 0;
+}
+
+void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info) {
+    flush_step(d); /* before the predictor moves on: knn's shadow votes with that step's vote */
+    tr_adapt_route(d->pred, layer, info);
+    const bool single = !info || info->n <= d->n_expert_used;
+    if (d->last_layer >= 0 && layer <= d->last_layer && single) {
+        /* a token boundary: the rule strictly ahead takes the lead (on a tie it stays) */
+        int best = d->lead;
+        for (int r = 0; r < TR_POLICY_N_RULES; r++) d->score[r] *= SCORE_KEEP;
+        for (int r = 0; r < TR_POLICY_N_RULES; r++)
+            if (d->score[r] > d->score[best]) best = r;
+        d->lead = best;
+    }
+    d->last_layer = layer;
+    d->step++;
+    d->step_layer = layer;
+    d->step_single = single;
+    if (single) d->lead_steps[d->lead]++;
+    if (d->sampled[layer])
+        for (int r = 0; r < TR_POLICY_N_RULES; r++) tr_policy_route(d->sh[r], layer, info, NULL);
+}
+
+void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert) {
+    if (!d->sampled[layer]) return;
+    if (layer != d->step_layer || d->step_n == d->n_expert) {
+        /* lookups without a route in between: each layer change is a step */
+        flush_step(d);
+        d->step_layer = layer;
+        d->step++;
+    }
+    const size_t k = (size_t)layer * (size_t)d->n_expert + (size_t)expert;
+    if (d->seen[k] == d->step + 1) return;
+    d->seen[k] = d->step + 1;
+    d->step_ex[d->step_n++] = expert;
+}
+
+int tr_duel_lead(const tr_duel *d) { return d->lead; }
+
+const float *tr_duel_predict(tr_duel *d) { return tr_adapt_predict(d->pred); }
+
+void tr_duel_lead_steps(const tr_duel *d, uint64_t *out) {
+    for (int r = 0; r < TR_POLICY_N_RULES; r++) out[r] = d->lead_steps[r];
+}
