@@ -225,6 +225,10 @@ cross-aarch64:
 bench-kernels: deps all $(BUILD)/bench/bench_kernels
 	@$(BUILD)/bench/bench_kernels $(BENCH_ARGS)
 
+# prefill products per type, gemm against the per-row kernels, one thread (BENCH_ARGS: --isa ...)
+bench-gemm: deps all $(BUILD)/bench/bench_gemm
+	@$(BUILD)/bench/bench_gemm $(BENCH_ARGS)
+
 # a GimmeMoE-shaped expert FFN (2048 -> 768 -> 2048, INT8 = Q8_0 and Q4_K) with every kernel
 # family this CPU runs, one thread (results: bench/results/arm.md)
 bench-expert: deps all $(BUILD)/bench/bench_expert
