@@ -214,12 +214,45 @@ static tr_status auto_cold_dir(char *dir, size_t cap, bool make, tr_error *err) 
     return TR_OK;
 }
 
+/* a least budget as the message prints it (a tenth of a MiB), rounded up so that the figure a
+ * user copies is enough */
+static uint64_t tenth_mib_up(uint64_t b) {
+    const uint64_t tenths = (b * 10 + (1u << 20) - 1) >> 20;
+    return (tenths * (1u << 20) + 9) / 10;
+}
+
 /* the least cap whose margin leaves `need` */
 static uint64_t min_cap(uint64_t need) {
     uint64_t lo = need, hi = 2 * need + (32u << 20);
     while (lo < hi) {
         const uint64_t mid = lo + (hi - lo) / 2;
         if (mid - tr_mem_margin(mid) >= need) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* the tiered working set auto gives a share (one layer's gathered K/V, 64 MiB at most): an eighth
+ * of it, at least 64 tokens (a list longer than it is attended in parts) */
+static uint64_t auto_ws(uint64_t share, uint64_t rec) {
+    uint64_t w = share / 8;
+    if (w > (64ull << 20)) w = 64ull << 20;
+    if (w < 64 * rec) w = 64 * rec;
+    return w;
+}
+
+/* the least --mem-budget whose share holds the smallest tiered plan; the working set grows with
+ * the share, so the smallest plan is found at each candidate budget, not at the one refused */
+static uint64_t auto_min_cap(const tr_kv_shape *shape, tr_kv_params t, uint64_t fixed,
+                             uint64_t rec, bool ws_given, uint64_t need) {
+    uint64_t lo = fixed, hi = 2 * (fixed + need) + (64ull << 20);
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        const uint64_t used = fixed + tr_mem_margin(mid);
+        const uint64_t share = mid > used ? mid - used : 0;
+        if (!ws_given) t.ws_bytes = auto_ws(share, rec);
+        const uint64_t d = tr_kv_dram_bytes(shape, &t);
+        if (d && d <= share) hi = mid;
         else lo = mid + 1;
     }
     return lo;
@@ -278,14 +311,8 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     if (!t.cold_dir) t.cold_dir = "."; /* sizing only */
     const uint64_t rec = (uint64_t)shape.n_head_kv * (uint64_t)(shape.head_dim_k + shape.head_dim_v) * 2;
     const uint64_t per_slot = (uint64_t)nl * rec;
-    /* the working set (one layer's gathered K/V, 64 MiB at most) from the share too: an eighth of
-     * it, at least 64 tokens (a list longer than it is attended in parts) */
-    if (!t.ws_bytes) {
-        uint64_t w = share / 8;
-        if (w > (64ull << 20)) w = 64ull << 20;
-        if (w < 64 * rec) w = 64 * rec;
-        t.ws_bytes = w;
-    }
+    const bool ws_given = t.ws_bytes != 0;
+    if (!ws_given) t.ws_bytes = auto_ws(share, rec);
     /* the largest hot pool whose plan fits: the plan grows with the hot pool */
     uint64_t lo = (uint64_t)kp.n_sink + 16, hi = (uint64_t)p->n_ctx - 1, best = 0;
     while (lo <= hi) {
@@ -319,7 +346,9 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
                          p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2), why,
                          mib(share, b3, sizeof b3), mib(m->mem_cap, b4, sizeof b4), m->mem_source,
                          mib(weights, b5, sizeof b5), mib(scratch, b6, sizeof b6),
-                         mib(margin, b7, sizeof b7), mib(min_cap(weights + scratch + min), b8, sizeof b8));
+                         mib(margin, b7, sizeof b7),
+                         mib(tenth_mib_up(auto_min_cap(&shape, t, weights + scratch, rec, ws_given, need)),
+                             b8, sizeof b8));
         goto out;
     }
     p->kv.policy = TR_KV_TIERED;
@@ -356,7 +385,7 @@ planned: {
                      mib(m->mem_cap, b1, sizeof b1), mib(pl->weight_bytes + pl->expert_cache_bytes, b2, sizeof b2),
                      mib(pl->kv_bytes, b3, sizeof b3), tr_kv_policy_name(pl->kv_policy), p->n_ctx,
                      mib(pl->scratch_bytes, b4, sizeof b4), mib(pl->total_bytes, c1, sizeof c1),
-                     mib(min_cap(pl->total_bytes - pl->margin_bytes), c2, sizeof c2));
+                     mib(tenth_mib_up(min_cap(pl->total_bytes - pl->margin_bytes)), c2, sizeof c2));
     }
 }
 out:
