@@ -60,7 +60,7 @@ MAJOR   := $(shell sed -n 's/^\#define TR_VERSION_MAJOR \([0-9]*\)/\1/p' include
 SONAME  := libterrace.so.$(MAJOR)
 
 .PHONY: all test demo deps clean install uninstall peer parity bench bench-moe bench-serve bench-kv \
-        bench-kv-quality bench-replay bench-kernels cross-aarch64 aarch64 bench-expert bench-aarch64-emulated fuzz fuzz-build fuzz-jinja format
+        bench-kv-quality bench-long bench-plan bench-replay bench-kernels cross-aarch64 aarch64 bench-expert bench-aarch64-emulated fuzz fuzz-build fuzz-jinja format
 
 all: $(BUILD)/terrace $(BUILD)/terrace-storaged $(BUILD)/$(SONAME)
 
@@ -196,6 +196,13 @@ bench-kv: deps all $(BUILD)/bench/bench_kv
 	@bash bench/bench_kv.sh $(KV_SCENARIOS)
 
 # KV-cache policies' quality against the full cache (results: bench/results/kv-quality.md + PNGs)
+# the user's long-context path: prefill + 128 decoded tokens per KV policy, and the memory plan
+# against the peak RSS (results: bench/results/long.md)
+bench-long: deps all
+	.venv/bin/python3 bench/bench_long.py smollm2-8k qwen2-16k qwen2-32k
+bench-plan: deps all
+	.venv/bin/python3 bench/plan_rss.py --qwen2
+
 bench-kv-quality: deps all
 	@.venv/bin/pip install -q --disable-pip-version-check matplotlib
 	.venv/bin/python3 bench/kv_quality.py smollm2 qwen2
@@ -225,6 +232,10 @@ cross-aarch64:
 
 bench-kernels: deps all $(BUILD)/bench/bench_kernels
 	@$(BUILD)/bench/bench_kernels $(BENCH_ARGS)
+
+# prefill products per type, gemm against the per-row kernels, one thread (BENCH_ARGS: --isa ...)
+bench-gemm: deps all $(BUILD)/bench/bench_gemm
+	@$(BUILD)/bench/bench_gemm $(BENCH_ARGS)
 
 # a GimmeMoE-shaped expert FFN (2048 -> 768 -> 2048, INT8 = Q8_0 and Q4_K) with every kernel
 # family this CPU runs, one thread (results: bench/results/arm.md)

@@ -351,6 +351,12 @@ typedef enum tr_kv_policy {
     TR_KV_H2O,
     TR_KV_QUEST,
     TR_KV_TIERED,
+    /* full while the KV fits its share of the memory budget (what the weights, the scratch and a
+     * margin leave of tr_model_params.mem_budget_bytes), else tiered with the hot pool sized from
+     * that share and the cold pool in cold_dir (NULL: $XDG_CACHE_HOME/terrace, else
+     * ~/.cache/terrace, created; the cache's files in it are removed when it ends); resolved by
+     * tr_session_create (tr_session_kv_note says what it chose). The default */
+    TR_KV_AUTO,
 } tr_kv_policy;
 
 /* placement between the hot and the cold pool (tiered with a cold pool): off = the oldest tokens
@@ -375,7 +381,7 @@ typedef struct tr_kv_research {
 /* Every KV knob, once (tr_kv_default_params fills the defaults). The full policy uses `policy`
  * only; the others are checked against the policy at session creation. */
 typedef struct tr_kv_params {
-    tr_kv_policy policy;  /* default full */
+    tr_kv_policy policy;  /* default auto */
     float alpha;          /* fraction of the visible context selected per step, (0, 1]; 0.2 */
     int32_t n_sink;       /* first tokens always attended; 4 */
     int32_t n_window;     /* most recent tokens always attended; 64 */
@@ -499,6 +505,39 @@ TR_API int32_t tr_session_n_ctx(const tr_session *s);
 TR_API int32_t tr_session_n_past(const tr_session *s);
 /* rows computed together (the batch): a prefill's chunk */
 TR_API int32_t tr_session_n_batch(const tr_session *s);
+/* One memory budget, planned before anything is allocated: what goes where, in bytes. The cap
+ * is --mem-budget (tr_model_params.mem_budget_bytes), else the memory cgroup's limit, else
+ * MemAvailable; the margin (5 % of the cap, 16 MiB to 10 %) is for what no estimate sees (code,
+ * thread stacks, allocator slack). What does not fit spills: routed experts beyond the expert
+ * cache stay on storage, KV beyond the hot pool goes to the cold pool (kv_cold_bytes). */
+typedef struct tr_mem_plan {
+    uint64_t cap_bytes;
+    const char *cap_source;   /* "--mem-budget", "the memory cgroup's limit", "MemAvailable" */
+    uint64_t weight_bytes;    /* resident weights: the dense ones (all, for a dense model or
+                                 --experts mmap) */
+    uint64_t expert_cache_bytes; /* the expert cache's budget (MoE with the cache; 0 otherwise) */
+    uint64_t expert_spill_bytes; /* routed experts left on storage */
+    uint64_t kv_bytes;        /* KV in DRAM: full's arrays, or the pooled plan (hot pool,
+                                 working set, key copy, bookkeeping) */
+    uint64_t kv_full_bytes;   /* what every token hot (full) would take */
+    uint64_t kv_hot_bytes;    /* the hot pool (pooled policies) */
+    uint64_t kv_cold_bytes;   /* the cold pool on storage */
+    uint64_t scratch_bytes;   /* the forward pass's */
+    uint64_t margin_bytes;
+    uint64_t total_bytes;     /* weights + expert cache + KV + scratch + margin */
+    tr_kv_policy kv_policy;   /* auto resolved */
+    int32_t n_ctx, n_batch;
+} tr_mem_plan;
+/* the plan of a session with these parameters on this model, nothing allocated; a budget that
+ * cannot hold it is TR_E_BUDGET naming the minimum */
+TR_API tr_status tr_session_plan(tr_model *m, const tr_session_params *params, tr_mem_plan *out,
+                                 tr_error *err);
+/* the plan the session was created with */
+TR_API void tr_session_get_plan(const tr_session *s, tr_mem_plan *out);
+/* the KV policy in effect (auto resolved) */
+TR_API tr_kv_policy tr_session_kv_policy(const tr_session *s);
+/* one line saying what --kv-policy auto chose and why ("" for another policy) */
+TR_API const char *tr_session_kv_note(const tr_session *s);
 /* drop every token from position `n` on (0 clears the session) */
 TR_API tr_status tr_session_truncate(tr_session *s, int32_t n, tr_error *err);
 

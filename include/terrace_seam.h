@@ -156,6 +156,13 @@ const char *tr_seam_kernels_isa(const tr_kernels *k);
 size_t tr_seam_matvec_scratch(tr_type t, int64_t n_in);
 void tr_seam_matvec(tr_pool *pool, const tr_kernels *k, tr_type t, const void *w, size_t row_bytes,
                     int64_t n_in, int64_t n_out, const float *x, float *y, void *scratch);
+/* Y = W X for M rows of X (n_in floats each; Y: M rows of n_out) on the pool (NULL: the caller
+ * alone), through the family's gemm where it has one for t and M is large enough, or, gemm false,
+ * through its per-row kernels as if it had none; scratch: tr_seam_matmul_scratch(t, n_in, M) */
+size_t tr_seam_matmul_scratch(tr_type t, int64_t n_in, int64_t M);
+void tr_seam_matmul(tr_pool *pool, const tr_kernels *k, bool gemm, tr_type t, const void *w,
+                    size_t row_bytes, int64_t n_in, int64_t n_out, const float *x, int64_t M,
+                    float *y, void *scratch);
 /* fn(ctx, ith, nth) once for every part ith of the pool's size, the caller among the threads */
 void tr_seam_pool_run(tr_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 uint16_t tr_seam_f32_to_f16(float x);

@@ -202,6 +202,16 @@ static double tolerance(tr_type t, int64_t n, double mag, float ref) {
     return (L + 5.0) * k_u * mag + k_u * fabs((double)ref);
 }
 
+/* The gemm kernels (kernels.h) keep one f32 accumulator per output across the row: for the
+ * float types a chain of n FMAs, for the quantized ones two terms per sub-block (the scaled
+ * integer dot and the min term; the K-quants sum a super-block's scaled dots first, one more
+ * rounding each), so L = n, or 2·n/sub, plus the final adds of K chunks. */
+static double tolerance_gemm(tr_type t, int64_t n, double mag, float ref) {
+    const double L = is_float_type(t) ? (double)n + 16.0
+                                      : 2.0 * (double)(n / tr_gemm_traits_of(t)->sub) + 16.0;
+    return (L + 5.0) * k_u * mag + k_u * fabs((double)ref);
+}
+
 /* ------------------------------------------------------------------------------- statistics */
 
 typedef struct {
@@ -520,6 +530,196 @@ static void check_axpy_f16(const tr_kernels *fast, tu_rng *r) {
     }
 }
 
+/* attn_f16 (the attention kernel) against tr_attn_f16_ref: 1..16 query vectors with ragged key
+ * ranges (a causal diagonal, a sliding window, ranges that start and end inside a key block, a
+ * single key), with and without sinks, keys sitting among other heads' (k_pos > hd_k), values as
+ * rows and transposed, head dimensions that are and are not multiples of the vector tiles.
+ * Tolerance: the scores differ from the reference's by float summation order, which can move a
+ * probability across one F16 rounding step: at most 2^-10 of it (a normal F16), or 2^-24 (a
+ * subnormal one); the output then moves by at most 2^-10 · Σ p·|v| + 2^-24 · Σ |v| over the keys,
+ * plus the f32 sums' rounding. */
+static void check_attn(const tr_kernels *fast, tu_rng *r, double *worst) {
+    static const int hds[][2] = {{64, 64}, {128, 128}, {256, 256}, {80, 80}, {40, 72}, {8, 8}};
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+        const int hdk = hds[h][0], hdv = hds[h][1];
+        for (int rep = 0; rep < 6; rep++) {
+            const int nkv = 3, kvh = rep % nkv; /* the head used, among 3 */
+            const int32_t n_ctx = rep < 3 ? 200 + 61 * rep : 700;
+            const bool vt = rep % 2 == 1;
+            uint16_t *K = malloc(2 * (size_t)n_ctx * nkv * hdk);
+            uint16_t *V = malloc(2 * (size_t)n_ctx * nkv * hdv);
+            for (size_t i = 0; i < (size_t)n_ctx * nkv * hdk; i++) K[i] = tr_f32_to_f16(tu_normal(r));
+            for (size_t i = 0; i < (size_t)n_ctx * nkv * hdv; i++) V[i] = tr_f32_to_f16(tu_normal(r));
+            tr_attn_kv kv = {.k = K + (size_t)kvh * hdk, .k_pos = (size_t)nkv * hdk,
+                             .hd_k = hdk, .hd_v = hdv, .scale = 1.0f / sqrtf((float)hdk)};
+            if (vt) { /* [head][dim][position] */
+                kv.v = V + (size_t)kvh * hdv * n_ctx;
+                kv.v_pos = 1;
+                kv.v_dim = (size_t)n_ctx;
+            } else {
+                kv.v = V + (size_t)kvh * hdv;
+                kv.v_pos = (size_t)nkv * hdv;
+                kv.v_dim = 1;
+            }
+            const int n_q = 1 + (int)(tu_next(r) % TR_ATTN_MAX_Q);
+            float *q = malloc(sizeof(float) * (size_t)n_q * hdk);
+            float *out[2] = {malloc(sizeof(float) * (size_t)n_q * hdv),
+                             malloc(sizeof(float) * (size_t)n_q * hdv)};
+            for (int i = 0; i < n_q * hdk; i++) q[i] = tu_normal(r) * (rep == 5 ? 6.0f : 2.0f);
+            tr_attn_q qs[2][TR_ATTN_MAX_Q];
+            const int32_t pos0 = (int32_t)(tu_next(r) % (uint64_t)(n_ctx - n_q));
+            const int32_t swa = rep == 4 ? 37 : 0;
+            for (int i = 0; i < n_q; i++) {
+                const int32_t pos = rep == 3 ? (int32_t)(tu_next(r) % (uint64_t)n_ctx) : pos0 + i;
+                int32_t lo = swa && pos >= swa ? pos - swa + 1 : 0;
+                if (rep == 2 && i == 0) lo = pos; /* one key */
+                const float sink = rep % 3 == 2 ? tu_normal(r) : -INFINITY;
+                for (int k = 0; k < 2; k++)
+                    qs[k][i] = (tr_attn_q){q + (size_t)i * hdk, out[k] + (size_t)i * hdv, lo, pos,
+                                           sink};
+            }
+            float *scratch = malloc(sizeof(float) * tr_attn_scratch_floats(n_ctx, hdk, hdv));
+            tr_attn_f16_of(fast)(n_q, qs[0], &kv, scratch);
+            tr_attn_f16_ref(n_q, qs[1], &kv, scratch);
+            for (int i = 0; i < n_q; i++) {
+                /* Σ p·|v| per output, from the reference's own probabilities (recomputed) */
+                const tr_attn_q *a = &qs[1][i];
+                const int32_t n = a->hi - a->lo + 1;
+                double *sc = malloc(sizeof(double) * (size_t)n), mx = a->sink, sum = 0;
+                for (int32_t t = 0; t < n; t++) {
+                    double d = 0;
+                    for (int e = 0; e < hdk; e++)
+                        d += (double)tr_f16_to_f32(tr_f32_to_f16(a->q[e])) *
+                             tr_f16_to_f32(kv.k[(size_t)(a->lo + t) * kv.k_pos + e]);
+                    sc[t] = d * kv.scale;
+                    if (sc[t] > mx) mx = sc[t];
+                }
+                for (int32_t t = 0; t < n; t++) sum += exp(sc[t] - mx);
+                if (a->sink != -INFINITY) sum += exp(a->sink - mx);
+                for (int d = 0; d < hdv; d++) {
+                    double T = 0, A = 0;
+                    for (int32_t t = 0; t < n; t++) {
+                        const double av = fabs(
+                            tr_f16_to_f32(kv.v[(size_t)(a->lo + t) * kv.v_pos + (size_t)d * kv.v_dim]));
+                        T += exp(sc[t] - mx) / sum * av;
+                        A += av;
+                    }
+                    const double tol =
+                        ((1.0 / 1024.0 + (double)(n + hdk + 16) * k_u) * T + k_u * A) * 1.01 + 1e-30;
+                    const double diff = fabs((double)out[0][i * hdv + d] - (double)out[1][i * hdv + d]);
+                    if (diff / tol > *worst) *worst = diff / tol;
+                    TU_CHECK(diff <= tol, "%s attn hd %d/%d n_q %d query %d [%d..%d] dim %d: %.9g vs "
+                             "ref %.9g (tol %.3g)", fast->isa, hdk, hdv, n_q, i, a->lo, a->hi, d,
+                             out[0][i * hdv + d], out[1][i * hdv + d], tol);
+                }
+                free(sc);
+            }
+            free(scratch);
+            free(q);
+            free(out[0]);
+            free(out[1]);
+            free(K);
+            free(V);
+        }
+    }
+}
+
+/* rmsnorm, swiglu, geglu against their references: ragged lengths around the vector widths.
+ * rmsnorm only reorders its double sum (outputs within 2 f32 ulp); geglu must be bit-identical
+ * (same lookups, exact conversions) on values across the table's range and its ±10 cut-offs;
+ * swiglu differs by its exp (2 ulp), so within 8 ulp of |silu(x)·u|. */
+static void check_elementwise(const tr_kernels *fast, tu_rng *r) {
+    static const int64_t ns[] = {1, 7, 8, 15, 16, 17, 33, 576, 1000, 2048};
+    uint16_t *table = malloc(sizeof(uint16_t) * ((1 << 16) + 2));
+    for (int i = 0; i < (1 << 16) + 2; i++) table[i] = tr_f32_to_f16(tu_normal(r) * 3.0f);
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int64_t n = ns[k];
+        float *x = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)n);
+        float *y[2] = {malloc(sizeof(float) * (size_t)n), malloc(sizeof(float) * (size_t)n)};
+        float *u = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            x[i] = tu_normal(r) * (i % 5 == 0 ? 30.0f : 2.0f);
+            w[i] = tu_normal(r);
+            u[i] = tu_normal(r);
+        }
+        if (fast->rmsnorm)
+            for (int wi = 0; wi < 2; wi++) {
+                fast->rmsnorm(y[0], x, wi ? w : NULL, n, 1e-6f);
+                tr_rmsnorm_ref(y[1], x, wi ? w : NULL, n, 1e-6f);
+                for (int64_t i = 0; i < n; i++)
+                    TU_CHECK(fabsf(y[0][i] - y[1][i]) <= 2.4e-7f * fabsf(y[1][i]),
+                             "%s rmsnorm n=%lld [%lld]: %.9g vs %.9g", fast->isa, (long long)n,
+                             (long long)i, y[0][i], y[1][i]);
+            }
+        if (fast->swiglu) {
+            memcpy(y[0], x, sizeof(float) * (size_t)n);
+            memcpy(y[1], x, sizeof(float) * (size_t)n);
+            fast->swiglu(y[0], u, n);
+            tr_swiglu_ref(y[1], u, n);
+            for (int64_t i = 0; i < n; i++)
+                TU_CHECK(fabsf(y[0][i] - y[1][i]) <= 4.8e-7f * fabsf(y[1][i]) + 1e-37f,
+                         "%s swiglu n=%lld [%lld] (x %g): %.9g vs %.9g", fast->isa, (long long)n,
+                         (long long)i, x[i], y[0][i], y[1][i]);
+        }
+        if (fast->geglu) {
+            for (int64_t i = 0; i < n; i++)
+                if (i % 7 == 3) x[i] = i % 2 ? 10.0f : -10.0f; /* the cut-offs themselves */
+            memcpy(y[0], x, sizeof(float) * (size_t)n);
+            memcpy(y[1], x, sizeof(float) * (size_t)n);
+            fast->geglu(y[0], u, n, table);
+            tr_geglu_ref(y[1], u, n, table);
+            TU_CHECK(!memcmp(y[0], y[1], sizeof(float) * (size_t)n),
+                     "%s geglu n=%lld differs from the reference", fast->isa, (long long)n);
+        }
+        free(x);
+        free(w);
+        free(u);
+        free(y[0]);
+        free(y[1]);
+    }
+    free(table);
+}
+
+/* A NaN that enters attention (a query element: weights with a NaN scale) or SwiGLU (a gate)
+ * must come out as NaN, as from the references, so the forward pass's finiteness checks see
+ * corrupt weights instead of a plausible answer (a vector exp whose clamps drop NaN did that). */
+static void check_nan(const tr_kernels *fast, tu_rng *r) {
+    const int hd = 64, n_ctx = 100;
+    uint16_t *K = malloc(2 * (size_t)n_ctx * hd), *V = malloc(2 * (size_t)n_ctx * hd);
+    for (int i = 0; i < n_ctx * hd; i++) {
+        K[i] = tr_f32_to_f16(tu_normal(r));
+        V[i] = tr_f32_to_f16(tu_normal(r));
+    }
+    const tr_attn_kv kv = {.k = K, .k_pos = (size_t)hd, .v = V, .v_pos = (size_t)hd, .v_dim = 1,
+                           .hd_k = hd, .hd_v = hd, .scale = 0.125f};
+    float q[4][64], out[4][64];
+    tr_attn_q qs[4];
+    for (int i = 0; i < 4; i++) {
+        for (int d = 0; d < hd; d++) q[i][d] = tu_normal(r);
+        qs[i] = (tr_attn_q){q[i], out[i], 0, n_ctx - 4 + i, -INFINITY};
+    }
+    q[2][5] = NAN;
+    float *scratch = malloc(sizeof(float) * tr_attn_scratch_floats(n_ctx, hd, hd));
+    tr_attn_f16_of(fast)(4, qs, &kv, scratch);
+    for (int i = 0; i < 4; i++)
+        for (int d = 0; d < hd; d++)
+            TU_CHECK(i == 2 ? isnan(out[i][d]) : isfinite(out[i][d]),
+                     "%s attn with a NaN in query 2: query %d dim %d gives %g", fast->isa, i, d,
+                     out[i][d]);
+    if (fast->swiglu) {
+        float g[40], u[40];
+        for (int i = 0; i < 40; i++) g[i] = tu_normal(r), u[i] = tu_normal(r);
+        g[3] = g[17] = g[38] = NAN; /* in a vector and in the tail */
+        fast->swiglu(g, u, 40);
+        for (int i = 0; i < 40; i++)
+            TU_CHECK((i == 3 || i == 17 || i == 38) ? isnan(g[i]) : isfinite(g[i]),
+                     "%s swiglu with NaN gates: [%d] gives %g", fast->isa, i, g[i]);
+    }
+    free(scratch);
+    free(K);
+    free(V);
+}
+
 /* Negative control: results of simulated kernel bugs must fail the check. The bugs are made on
  * the reference (so they are exactly what a broken kernel would return for these inputs):
  *   decode - every code byte of the last block XOR 0x11 (two nibbles / bit fields off by one
@@ -639,12 +839,14 @@ static void check_quantizers(const tr_kernels *ref, const tr_kernels *fast, tu_r
 
 /* ------------------------------------------------------------------------------------ matmul */
 
+/* K 0: the default row length of the type (a few blocks) */
 static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *pool, int fam, int ti,
-                         int64_t N, int64_t M, tu_rng *r) {
+                         int64_t N, int64_t M, int64_t Kw, tu_rng *r) {
     const tr_type t = k_types[ti];
     const tr_type vt = tr_traits(t)->vec_dot_type;
     const int64_t blck = tr_type_block_elems(t);
-    const int64_t K = is_float_type(t) ? 133 : blck == 32 ? 7 * 32 : 2 * 256;
+    const int64_t K = Kw ? Kw : is_float_type(t) ? 133 : blck == 32 ? 7 * 32 : 2 * 256;
+    const bool gemm = k->gemm[t] && M >= k->gemm_min_m;
     const size_t rb = tr_type_row_bytes(t, K);
     uint8_t *wdata = alloc_off(rb * (size_t)N, WEIGHT_OFFSET);
     for (int64_t i = 0; i < N; i++) fill_weights(r, t, wdata + (size_t)i * rb, K);
@@ -663,12 +865,15 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
             float want;
             ref->vec_dot[t](K, &want, wdata + (size_t)i * rb, aq);
             const double mag = magnitude(t, wdata + (size_t)i * rb, aq, K);
-            const double tol = tolerance(t, K, mag, want);
+            const double tol =
+                gemm ? tolerance_gemm(t, K, mag, want) : tolerance(t, K, mag, want);
             if (!within(&g_stat[fam][ti], y[m * N + i], want, tol, mag) && bad++ < 3)
                 TU_CHECK(false,
-                         "%s matmul %s threads=%d M=%lld N=%lld y[%lld][%lld] = %.9g, want %.9g",
-                         k->isa, tr_type_name(t), tr_pool_size(pool), (long long)M, (long long)N,
-                         (long long)m, (long long)i, y[m * N + i], want);
+                         "%s %s %s threads=%d M=%lld N=%lld K=%lld y[%lld][%lld] = %.9g, want "
+                         "%.9g (tol %.3g)",
+                         k->isa, gemm ? "gemm" : "matmul", tr_type_name(t), tr_pool_size(pool),
+                         (long long)M, (long long)N, (long long)K, (long long)m, (long long)i,
+                         y[m * N + i], want, tol);
         }
     }
     free(aq);
@@ -754,6 +959,12 @@ int main(int argc, char **argv) {
             if (k_types[ti] == TR_TYPE_Q4_0 || k_types[ti] == TR_TYPE_Q8_0)
                 for (int nb = 1; nb <= 5; nb++) check_axpy_rows(fams[f], ti, nb * 32, &r);
         for (int rep = 0; rep < 4; rep++) check_axpy_f16(fams[f], &r);
+        check_elementwise(fams[f], &r);
+        check_nan(fams[f], &r);
+        double worst = 0;
+        for (int rep = 0; rep < 3; rep++) check_attn(fams[f], &r, &worst);
+        printf("  %-6s attn_f16 within %.1f%% of its tolerance of the reference\n", fams[f]->isa,
+               100.0 * worst);
     }
 
     /* matmul: every family (scalar included: it checks the row/column splitting itself) */
@@ -769,7 +980,24 @@ int main(int argc, char **argv) {
             if (!fams[f]) continue;
             for (int ti = 0; ti < N_TYPES; ti++)
                 for (int si = 0; si < 5; si++)
-                    check_matmul(ref, fams[f], pool, f, ti, shapes[si][1], shapes[si][0], &r);
+                    check_matmul(ref, fams[f], pool, f, ti, shapes[si][1], shapes[si][0], 0, &r);
+        }
+        /* gemm (M >= gemm_min_m): every column tail of the micro-tiles (M = 16..31 covers
+         * nc = 1..12 after full tiles), row counts that end in a partial panel and a partial
+         * thread chunk, and rows longer than one panel's K (4096: two chunks, the last ragged
+         * for the 32-element types) */
+        static const int64_t gshapes[][3] = {
+            {16, 37, 0}, {19, 61, 0}, {27, 300, 0}, {31, 33, 0}, {17, 16, 4096 + 96}};
+        for (int f = 0; f < 3; f++) {
+            if (!fams[f] || !fams[f]->gemm_min_m || nth == 3) continue;
+            for (int ti = 0; ti < N_TYPES; ti++)
+                for (int si = 0; si < 5; si++) {
+                    const tr_type t = k_types[ti];
+                    int64_t K = gshapes[si][2];
+                    if (K && tr_type_block_elems(t) == 256) K = 4096 + 512;
+                    if (K && is_float_type(t)) K = 1024 + 133;
+                    check_matmul(ref, fams[f], pool, f, ti, gshapes[si][1], gshapes[si][0], K, &r);
+                }
         }
         tr_pool_free(pool);
     }

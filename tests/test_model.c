@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "terrace.h"
 #include "testutil.h"
@@ -17,6 +18,9 @@
  * same order whatever the batch shape, so batched, chunked and one-at-a-time evaluation agree bit
  * for bit (a server batching requests gives each the answer it would get alone). */
 #define TOL 0.0f
+/* the pooled KV policies (tiered, through auto) attend with F16 softmax weights: ~1e-3 on these
+ * logits against full's F32 ones, growing with the context (test_kv_policies.py allows 2e-2) */
+#define KV_TOL 1e-2f
 
 static float max_diff(const float *a, const float *b, size_t n) {
     float d = 0;
@@ -171,6 +175,89 @@ int main(int argc, char **argv) {
     tr_session *huge = NULL;
     TU_CHECK(tr_session_create(m, &sp, &huge, &err) != TR_OK, "absurd context accepted");
     printf("  errors: %s\n", err.msg);
+
+    /* --kv-policy auto (the default): full while the KV fits its share (here --kv-hot, the
+     * share when given), else tiered with a cold pool under $XDG_CACHE_HOME/terrace, whose
+     * files go when the session ends; the prefill attends exactly, so the logits are full's;
+     * a share too small for even the smallest tiered plan is refused naming the budget */
+    {
+        char xdg[] = "/tmp/terrace-test-xdg.XXXXXX";
+        TU_CHECK(mkdtemp(xdg) != NULL, "mkdtemp");
+        setenv("XDG_CACHE_HOME", xdg, 1);
+        tr_session_params ap = tr_session_default_params();
+        ap.n_ctx = 1024; /* a KV big against the cache's fixed costs (working set, key copy) */
+        ap.n_batch = 128;
+        TU_CHECK(ap.kv.policy == TR_KV_AUTO, "auto is not the default KV policy");
+        tr_session *x = NULL;
+        TU_CHECK(tr_session_create(m, &ap, &x, &err) == TR_OK && x, "auto: %s", err.msg);
+        TU_CHECK(x && tr_session_kv_policy(x) == TR_KV_FULL && strstr(tr_session_kv_note(x), "full"),
+                 "auto with room: policy %d, '%s'", x ? (int)tr_session_kv_policy(x) : -1,
+                 x ? tr_session_kv_note(x) : "");
+        /* the reference: a prompt longer than the spilled hot pool, prefilled in 6 chunks */
+        enum { M = 700 };
+        int32_t *long_toks = malloc(sizeof(int32_t) * M);
+        float *lf = malloc(sizeof(float) * (size_t)M * nv), *lt = malloc(sizeof(float) * (size_t)M * nv);
+        TU_CHECK(long_toks && lf && lt, "out of memory");
+        for (int i = 0; i < M; i++) long_toks[i] = (int32_t)(tu_next(&rng) % (uint64_t)(nv - 2));
+        TU_CHECK(tr_session_eval(x, long_toks, M, lf, true, &err) == TR_OK, "%s", err.msg);
+        tr_session_free(x);
+        int spilled = 0, refused = 0;
+        for (uint64_t share = 64u << 20; share >= 1024; share = share * 4 / 5) {
+            ap.kv.hot_bytes = share;
+            x = NULL;
+            const tr_status st = tr_session_create(m, &ap, &x, &err);
+            if (st) {
+                TU_CHECK(st == TR_E_BUDGET && strstr(err.msg, "--mem-budget"),
+                         "auto, share %llu: %d %s", (unsigned long long)share, (int)st, err.msg);
+                refused++;
+                break;
+            }
+            if (tr_session_kv_policy(x) == TR_KV_TIERED && !spilled) {
+                spilled++;
+                const char *note = tr_session_kv_note(x);
+                TU_CHECK(strstr(note, "tiered") && strstr(note, xdg) && strstr(note, "removed at exit"),
+                         "auto spill note: %s", note);
+                printf("  %s\n", note);
+                /* prefill attends exactly through the tiers: full's logits at every position,
+                 * the tokens past the hot pool written to the cold pool and read back, each
+                 * cold page at most once per chunk */
+                TU_CHECK(tr_session_eval(x, long_toks, M, lt, true, &err) == TR_OK, "%s", err.msg);
+                const float dt = max_diff(lf, lt, (size_t)M * nv);
+                tr_kv_stats ks;
+                tr_session_get_kv_stats(x, &ks);
+                printf("  auto spilled (share %.1f KiB): %d-token prefill in %llu chunks, max "
+                       "|dlogit| to full %.2e, cold pool %llu bytes, read %llu bytes (bound %llu)\n",
+                       share / 1024.0, (int)M, (unsigned long long)ks.prefill_chunks, dt,
+                       (unsigned long long)ks.cold_bytes, (unsigned long long)ks.prefill_bytes_read,
+                       (unsigned long long)ks.prefill_read_bound);
+                TU_CHECK(dt < KV_TOL && ks.cold_bytes > 0 && ks.prefill_chunks == (M + 127) / 128 &&
+                             ks.prefill_bytes_read > 0 &&
+                             ks.prefill_bytes_read <= ks.prefill_read_bound,
+                         "auto spilled: |dlogit| %g, cold %llu, %llu chunks, read %llu", dt,
+                         (unsigned long long)ks.cold_bytes, (unsigned long long)ks.prefill_chunks,
+                         (unsigned long long)ks.prefill_bytes_read);
+                /* decode goes on through the tiers */
+                int32_t nt = long_toks[0];
+                TU_CHECK(tr_session_eval(x, &nt, 1, lt, false, &err) == TR_OK, "decode: %s", err.msg);
+                char sub[512];
+                snprintf(sub, sizeof sub, "%s/terrace", xdg);
+                tr_session_free(x);
+                x = NULL;
+                TU_CHECK(rmdir(sub) == 0, "auto's cold pool left files in %s", sub);
+            }
+            tr_session_free(x);
+        }
+        free(long_toks);
+        free(lf);
+        free(lt);
+        TU_CHECK(spilled == 1 && refused == 1, "auto: spilled %d, refused %d", spilled, refused);
+        printf("  auto, share too small: %s\n", err.msg);
+        char sub[512];
+        snprintf(sub, sizeof sub, "%s/terrace", xdg);
+        rmdir(sub);
+        rmdir(xdg);
+        unsetenv("XDG_CACHE_HOME");
+    }
 
     for (int s = 0; s < 3; s++) tr_session_free(seq[s]);
     tr_session_free(a);

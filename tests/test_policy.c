@@ -828,18 +828,40 @@ static void test_knn_predictor(void) {
 
 /* decode-like stream over L layers (one step per layer, top-k distinct each): mode 0 stationary
  * skewed popularity (LFU's), 1 popularity that moves every 6 tokens (LRU's), 2 a repeated
- * "phrase" of 9 token patterns with noise (knn's). Returns the hit rate over the second half. */
-static double stream_hits(tr_policy_kind kind, int mode, uint64_t budget) {
+ * "phrase" of 9 token patterns with noise (knn's). Returns the hit rate over the second half.
+ * split: as the expert cache runs a model whose layers fall in two size classes, the even and
+ * the odd layers each in a policy of half the budget, both following one duel (policy.h,
+ * tr_policy_params.duel) routed here. */
+static double stream_hits(tr_policy_kind kind, int mode, uint64_t budget, bool split) {
     enum { L = 6, E = 24, K = 3, TOK = 400 };
-    uint64_t eb[L];
-    for (int l = 0; l < L; l++) eb[l] = 1;
+    uint64_t eb[L], half[2][L];
+    for (int l = 0; l < L; l++) {
+        eb[l] = 1;
+        half[0][l] = l % 2 == 0;
+        half[1][l] = l % 2 == 1;
+    }
     tr_policy_params pp = {.kind = kind, .n_layer = L, .n_expert = E, .n_expert_used = K,
                            .budget_bytes = budget, .expert_bytes = eb};
-    tr_policy *p = NULL;
+    tr_policy *pol[2] = {NULL, NULL};
+    tr_duel *duel = NULL;
     tr_error err = {0};
-    if (tr_policy_create(&pp, &p, &err)) {
+    if (split && tr_duel_create(&pp, &duel, &err)) {
         TU_CHECK(0, "%s", err.msg);
         return 0;
+    }
+    for (int c = 0; c < (split ? 2 : 1); c++) {
+        tr_policy_params cp = pp;
+        if (split) {
+            cp.budget_bytes = budget / 2;
+            cp.expert_bytes = half[c];
+            cp.duel = duel;
+        }
+        if (tr_policy_create(&cp, &pol[c], &err)) {
+            TU_CHECK(0, "%s", err.msg);
+            tr_policy_free(pol[0]);
+            tr_duel_free(duel);
+            return 0;
+        }
     }
     tu_rng rng = {1234 + (uint64_t)mode};
     static int phrase[9][L][K];
@@ -867,7 +889,9 @@ static double stream_hits(tr_policy_kind kind, int mode, uint64_t budget) {
                 ex[q] = e;
             }
             const tr_policy_route_info ri = {ex, NULL, K, NULL};
-            tr_policy_route(p, l, &ri, &err);
+            for (int c = 0; c < (split ? 2 : 1); c++) tr_policy_route(pol[c], l, &ri, &err);
+            if (duel) tr_duel_route(duel, l, &ri);
+            tr_policy *p = pol[split ? l % 2 : 0];
             bool hit[K];
             for (int q = 0; q < K; q++) {
                 tr_policy_lookup(p, l, ex[q], &hit[q], &err);
@@ -881,7 +905,9 @@ static double stream_hits(tr_policy_kind kind, int mode, uint64_t budget) {
             for (int q = 0; q < K; q++)
                 if (tr_policy_resident_bytes(p, l, ex[q])) tr_policy_unpin(p, l, ex[q], &err);
         }
-    tr_policy_free(p);
+    tr_policy_free(pol[0]);
+    tr_policy_free(pol[1]);
+    tr_duel_free(duel);
     return (double)hits / (double)n;
 }
 
@@ -889,15 +915,25 @@ static void test_adaptive_follows(void) {
     const char *names[3] = {"stationary (lfu's)", "moving (lru's)", "repeating phrases"};
     for (int mode = 0; mode < 3; mode++) {
         const uint64_t budget = 30; /* 30 of 144 experts, a bit over the 18 of one token */
-        const double lru = stream_hits(TR_POLICY_LRU, mode, budget);
-        const double lfu = stream_hits(TR_POLICY_LFU, mode, budget);
-        const double knn = stream_hits(TR_POLICY_KNN, mode, budget);
-        const double ad = stream_hits(TR_POLICY_ADAPTIVE, mode, budget);
+        const double lru = stream_hits(TR_POLICY_LRU, mode, budget, false);
+        const double lfu = stream_hits(TR_POLICY_LFU, mode, budget, false);
+        const double knn = stream_hits(TR_POLICY_KNN, mode, budget, false);
+        const double ad = stream_hits(TR_POLICY_ADAPTIVE, mode, budget, false);
         const double best = fmax(fmax(lru, lfu), knn);
         TU_CHECK(ad >= best - 0.02, "%s: adaptive %.3f, lru %.3f lfu %.3f knn %.3f", names[mode],
                  ad, lru, lfu, knn);
-        printf("  adaptive on %s: %.1f%% (lru %.1f, lfu %.1f, knn %.1f)\n", names[mode],
-               100 * ad, 100 * lru, 100 * lfu, 100 * knn);
+        /* two classes following one duel: the best split rule, not the best whole one, is the
+         * bar (each class's fixed half of the budget is a different cache) */
+        const double slru = stream_hits(TR_POLICY_LRU, mode, budget, true);
+        const double slfu = stream_hits(TR_POLICY_LFU, mode, budget, true);
+        const double sknn = stream_hits(TR_POLICY_KNN, mode, budget, true);
+        const double sad = stream_hits(TR_POLICY_ADAPTIVE, mode, budget, true);
+        const double sbest = fmax(fmax(slru, slfu), sknn);
+        TU_CHECK(sad >= sbest - 0.02, "%s, two classes, one duel: adaptive %.3f, lru %.3f lfu %.3f "
+                 "knn %.3f", names[mode], sad, slru, slfu, sknn);
+        printf("  adaptive on %s: %.1f%% (lru %.1f, lfu %.1f, knn %.1f); two classes following one "
+               "duel %.1f%% (lru %.1f, lfu %.1f, knn %.1f)\n", names[mode], 100 * ad, 100 * lru,
+               100 * lfu, 100 * knn, 100 * sad, 100 * slru, 100 * slfu, 100 * sknn);
     }
 }
 

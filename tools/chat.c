@@ -619,6 +619,7 @@ static bool setup(chat *c) {
         cli_error("%s", err.msg);
         return false;
     }
+    print_kv_note(c->s, o->verbose);
     c->tm.sess = c->s;
     c->n_ctx = tr_session_n_ctx(c->s);
     warn_context(&c->ld, c->s);

@@ -34,6 +34,7 @@ static bool check_commands(const gen_opts *o, const char *cmd) {
         {"--json", o->json, C_BENCH, "bench's report"},
         {"--no-display-prompt", o->no_display_prompt, C_RUN, "the echoed prompt"},
         {"--ignore-eos", o->ignore_eos, C_RUN | C_CHAT, "generation"},
+        {"--dry-run", o->dry_run, C_RUN, "the memory plan printed instead of running"},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         if (!rows[i].given || !bit || (rows[i].commands & bit)) continue;
@@ -60,16 +61,18 @@ static bool check_commands(const gen_opts *o, const char *cmd) {
 /* KV flags: which policy uses which (a policy added to the CLI gets a bit and its rows)            */
 
 enum { KV_FULL = 1u << 0, KV_OFFLOAD = 1u << 1, KV_H2O = 1u << 2, KV_QUEST = 1u << 3,
-       KV_TIERED = 1u << 4 };
+       KV_TIERED = 1u << 4, KV_AUTO = 1u << 5 };
 static const struct {
     const char *name;
     unsigned bit;
 } k_policies[] = {
     {"full", KV_FULL}, {"offload", KV_OFFLOAD}, {"h2o", KV_H2O}, {"quest", KV_QUEST},
-    {"tiered", KV_TIERED},
+    {"tiered", KV_TIERED}, {"auto", KV_AUTO},
 };
-#define KV_POOLS (KV_OFFLOAD | KV_H2O | KV_QUEST | KV_TIERED) /* hot pool, cold pool on storage */
-#define KV_SELECT (KV_H2O | KV_QUEST | KV_TIERED)             /* attend over a selection */
+/* auto becomes tiered when the KV does not fit, so it takes every flag tiered takes */
+#define KV_TIER (KV_TIERED | KV_AUTO)
+#define KV_POOLS (KV_OFFLOAD | KV_H2O | KV_QUEST | KV_TIER) /* hot pool, cold pool on storage */
+#define KV_SELECT (KV_H2O | KV_QUEST | KV_TIER)             /* attend over a selection */
 
 /* "h2o, quest or tiered" */
 static void policy_list(unsigned mask, char *buf, size_t cap) {
@@ -101,24 +104,25 @@ static bool check_kv(const gen_opts *o) {
         {"--kv-alpha", KV_SELECT, NULL, true},
         {"--kv-sink", KV_SELECT, NULL, true},
         {"--kv-window", KV_SELECT, NULL, true},
-        {"--kv-score-bits", KV_TIERED, NULL, true},
-        {"--kv-tail", KV_TIERED, NULL, true},
-        {"--kv-tail-min", KV_TIERED, "--kv-tail 4 or 8", k->tail_bits != 0},
-        {"--kv-spec", KV_TIERED, NULL, true},
+        {"--kv-score-bits", KV_TIER, NULL, true},
+        {"--kv-tail", KV_TIER, NULL, true},
+        {"--kv-tail-min", KV_TIER, "--kv-tail 4 or 8", k->tail_bits != 0},
+        {"--kv-spec", KV_TIER, NULL, true},
         {"--kv-hot", KV_POOLS, NULL, true},
         {"--kv-cold", KV_POOLS, NULL, true},
+        /* auto's own cold directory is removed at exit: keeping files needs one given */
         {"--kv-keep", KV_POOLS, "--kv-cold DIR", k->cold_dir != NULL},
-        {"--kv-bkp", KV_TIERED, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
-        {"--csd", KV_TIERED, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
-        {"--csd-socket", KV_TIERED, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
-        {"--csd-chunk", KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-timeout", KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-gbps", KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-gflops", KV_TIERED, "the storage agent (--csd)", csd},
-        {"--csd-link-gbps", KV_TIERED, "the storage agent (--csd)", csd},
-        {"--kv-beta", KV_TIERED, "the storage agent (--csd)", csd},
-        {"--kv-host-keys", KV_TIERED, "the storage agent (--csd)", csd},
-        {"--kv-app-rates", KV_TIERED, "the storage agent (--csd)", csd},
+        {"--kv-bkp", KV_TIER, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
+        {"--csd", KV_TIER, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
+        {"--csd-socket", KV_TIER, "a cold pool (--kv-cold DIR)", k->cold_dir != NULL},
+        {"--csd-chunk", KV_TIER, "the storage agent (--csd)", csd},
+        {"--csd-timeout", KV_TIER, "the storage agent (--csd)", csd},
+        {"--csd-gbps", KV_TIER, "the storage agent (--csd)", csd},
+        {"--csd-gflops", KV_TIER, "the storage agent (--csd)", csd},
+        {"--csd-link-gbps", KV_TIER, "the storage agent (--csd)", csd},
+        {"--kv-beta", KV_TIER, "the storage agent (--csd)", csd},
+        {"--kv-host-keys", KV_TIER, "the storage agent (--csd)", csd},
+        {"--kv-app-rates", KV_TIER, "the storage agent (--csd)", csd},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         if (!gen_given(o, rows[i].flag)) continue;
@@ -126,8 +130,7 @@ static bool check_kv(const gen_opts *o) {
         if (bit && !(rows[i].policies & bit)) {
             char uses[96];
             policy_list(rows[i].policies, uses, sizeof uses);
-            cli_error("%s applies to --kv-policy %s; the policy is %s%s", rows[i].flag, uses, pol,
-                      gen_given(o, "--kv-policy") ? "" : " (the default: every token in DRAM, exact attention)");
+            cli_error("%s applies to --kv-policy %s; the policy is %s", rows[i].flag, uses, pol);
             return false;
         }
         if (rows[i].needs && !rows[i].needs_given) {
@@ -155,7 +158,6 @@ bool gen_check_model_flags(const gen_opts *o, tr_model *m) {
     } rows[] = {
         {"--experts mmap", o->experts_mmap, false},
         {"--expert-cache", o->expert_cache != 0, true},
-        {"--mem-budget", o->mem_budget != 0, true},
         {"--expert-policy", o->expert_policy != NULL, true},
         {"--expert-prefetch", o->expert_prefetch > 0, true},
         {"--expert-lookahead", gen_given(o, "--expert-lookahead"), true},

@@ -17,7 +17,7 @@ enum {
     F_MINP, F_REPPEN, F_REPLAST, F_PRESPEN, F_FREQPEN, F_NOMMAP, F_IGNEOS, F_NODISP, F_ESCAPE,
     F_STOP, F_SYS, F_TEMPLATE, F_JINJA, F_VERBOSE, F_JSON, F_REPS, F_HELP, F_TELEMETRY, F_EXPERTS,
     F_ECACHE, F_MEMBUDGET, F_EPOLICY, F_EPREFETCH, F_ELOOKAHEAD, F_ROUTETRACE, F_IOTHREADS, F_KVPOLICY,
-    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_KVPRESEL, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
+    F_KVALPHA, F_KVSINK, F_KVWINDOW, F_KVBITS, F_KVTAIL, F_KVTAILMIN, F_KVHOT, F_KVCOLD, F_KVKEEP, F_KVBKP, F_KVSPEC, F_KVPRESEL, F_DRYRUN, F_CSD, F_CSDSOCKET, F_CSDCHUNK, F_CSDGBPS, F_CSDGFLOPS, F_CSDLINK, F_CSDTIMEOUT, F_KVBETA, F_KVHOSTKEYS, F_KVAPPRATES, F_CHUNKS,
     F_REASONING,
     F_COUNT
 };
@@ -62,13 +62,13 @@ static const flag k_flags[] = {
     {"--telemetry", F_TELEMETRY, true, "FILE JSON lines per token (tok/s, RSS, hit rate, I/O ...)"},
     {"--experts", F_EXPERTS, true, "cache|mmap  MoE: expert cache (default) or plain mmap"},
     {"--expert-cache", F_ECACHE, true, "SIZE|auto|min  MoE: expert cache budget (e.g. 2G)"},
-    {"--mem-budget", F_MEMBUDGET, true, "SIZE  memory for weights+cache (auto: cgroup limit or MemAvailable)"},
+    {"--mem-budget", F_MEMBUDGET, true, "SIZE  the memory budget: weights, expert cache, KV, scratch (auto: cgroup limit or MemAvailable); run --dry-run prints the plan"},
     {"--expert-policy", F_EPOLICY, true, "NAME  MoE: eviction policy (auto, lru, lfu, ...)"},
     {"--expert-prefetch", F_EPREFETCH, true, "N MoE: read N predicted experts of the next layer ahead"},
     {"--expert-lookahead", F_ELOOKAHEAD, true, "on|off MoE: keep the next layer's predicted experts from eviction"},
     {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
     {"--route-trace", F_ROUTETRACE, true, "FILE MoE: write the routing trace (CSV)"},
-    {"--kv-policy", F_KVPOLICY, true, "NAME   KV cache: full (default), offload, h2o, quest, tiered"},
+    {"--kv-policy", F_KVPOLICY, true, "NAME   KV cache: auto (default: full while the KV fits the memory budget, else tiered with a cold pool), full, offload, h2o, quest, tiered"},
     {"--kv-alpha", F_KVALPHA, true, "A       KV: fraction of the context attended per step (default 0.2)"},
     {"--kv-sink", F_KVSINK, true, "N        KV: first tokens always attended (default 4)"},
     {"--kv-window", F_KVWINDOW, true, "N      KV: recent tokens always attended (default 64)"},
@@ -76,10 +76,11 @@ static const flag k_flags[] = {
     {"--kv-tail", F_KVTAIL, true, "B  KV tiered: add the unselected tokens' estimated share from a B-bit value copy (4 or 8; 0 off, the default)"},
     {"--kv-tail-min", F_KVTAILMIN, true, "F KV tail: sum an unselected token when its share of a head reaches F x the uniform share (default 1; 0: every one)"},
     {"--kv-hot", F_KVHOT, true, "SIZE      KV: hot pool (DRAM) budget (default: every token hot)"},
-    {"--kv-cold", F_KVCOLD, true, "DIR      KV: cold pool directory on local storage"},
+    {"--kv-cold", F_KVCOLD, true, "DIR      KV: cold pool directory on local storage (auto: $XDG_CACHE_HOME/terrace or ~/.cache/terrace)"},
     {"--kv-keep", F_KVKEEP, false, "        KV: keep the cold pool's files"},
     {"--kv-bkp", F_KVBKP, true, "MODE      KV tiered: placement between the pools: off (default), on, naive"},
     {"--kv-spec", F_KVSPEC, false, "       KV tiered: select each layer's tokens with a query speculated from the previous layer's input, overlapping its scoring and reads with that layer's"},
+    {"--dry-run", F_DRYRUN, false, "        run: print the memory plan (weights, expert cache, KV, scratch: what goes where and what spills) and exit"},
     {"--kv-prefill-select", F_KVPRESEL, false, "KV quest/tiered: select per row in prefill too, as in decode (default: prefill attends exactly, each cold page read once per chunk; perplexity always selects)"},
     {"--csd", F_CSD, false, "            KV tiered: score the cold pool in the storage agent (terrace-storaged)"},
     {"--csd-socket", F_CSDSOCKET, true, "PATH KV tiered: use the agent listening on PATH (terrace-storaged --listen PATH) instead of starting one; implies --csd"},
@@ -325,6 +326,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
         case F_CSD: o->kv.csd = true; break;
         case F_KVSPEC: o->kv.spec = true; break;
         case F_KVPRESEL: o->kv.prefill_select = true; break;
+        case F_DRYRUN: o->dry_run = true; break;
         case F_CSDSOCKET:
             o->kv.csd = true;
             o->kv.csd_socket = v;
@@ -429,6 +431,19 @@ double now_ms(void) {
 }
 
 double peak_rss_mib(void) {
+    /* VmHWM is this process's own high-water mark; getrusage's ru_maxrss also keeps the parent's
+     * from before exec (a Python harness's ~80 MiB would hide a small model's peak) */
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (double)kb / 1024.0;
+            }
+        fclose(f);
+    }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss / 1024.0;
@@ -570,6 +585,35 @@ char *read_file(const char *path, size_t *len) {
 int piece_of(const tr_tokenizer *t, int32_t id, char *buf, size_t cap) {
     const int n = tr_token_to_piece(t, id, buf, cap, false);
     return n < 0 ? 0 : n;
+}
+
+static const char *mib_str(uint64_t b, char *s, size_t cap) {
+    snprintf(s, cap, "%.1f MiB", (double)b / (1024.0 * 1024.0));
+    return s;
+}
+
+void print_plan(FILE *f, const tr_mem_plan *pl, const char *prefix) {
+    char a[32], b[32], c[32], d[32], e[32], g[32], h[32];
+    fprintf(f, "%splan         budget %s (%s): weights %s + expert cache %s + KV %s (%s) + scratch "
+               "%s + margin %s = %s\n",
+            prefix, mib_str(pl->cap_bytes, a, sizeof a), pl->cap_source,
+            mib_str(pl->weight_bytes, b, sizeof b), mib_str(pl->expert_cache_bytes, c, sizeof c),
+            mib_str(pl->kv_bytes, d, sizeof d), tr_kv_policy_name(pl->kv_policy),
+            mib_str(pl->scratch_bytes, e, sizeof e), mib_str(pl->margin_bytes, g, sizeof g),
+            mib_str(pl->total_bytes, h, sizeof h));
+    fprintf(f, "%splan         KV of %d tokens: hot in DRAM %s (every token hot: %s)%s%s; experts left on "
+               "storage %s%s\n",
+            prefix, pl->n_ctx, mib_str(pl->kv_hot_bytes, a, sizeof a),
+            mib_str(pl->kv_full_bytes, b, sizeof b), pl->kv_cold_bytes ? ", cold pool on storage " : "",
+            pl->kv_cold_bytes ? mib_str(pl->kv_cold_bytes, c, sizeof c) : "",
+            mib_str(pl->expert_spill_bytes, d, sizeof d),
+            pl->total_bytes > pl->cap_bytes ? "; OVER THE BUDGET" : "");
+}
+
+void print_kv_note(const tr_session *s, bool verbose) {
+    const char *note = tr_session_kv_note(s);
+    if (note && *note && (verbose || tr_session_kv_policy(s) != TR_KV_FULL))
+        fprintf(stderr, "terrace: %s\n", note);
 }
 
 void print_kv_stats(FILE *f, const tr_session *s, const char *prefix) {

@@ -20,6 +20,7 @@ typedef struct gen_opts {
     int32_t n_predict;        /* -n; -1 = until end of generation or context */
     int32_t n_ctx, n_batch, n_threads;
     bool no_mmap, ignore_eos, no_display_prompt, escape, verbose;
+    bool dry_run; /* run --dry-run: print the memory plan and exit */
     bool reasoning_none; /* chat --reasoning-format none */
     tr_sampler_params sampling;
     const char *stop[16];
@@ -74,6 +75,10 @@ char *read_file(const char *path, size_t *len);
 /* whether the command line gave the flag NAME (any of its spellings, e.g. "--kv-alpha") */
 bool gen_given(const gen_opts *o, const char *name);
 void print_kv_stats(FILE *f, const tr_session *s, const char *prefix);
+/* what --kv-policy auto chose: always when it spilled to a cold pool, with -v when it is full */
+void print_kv_note(const tr_session *s, bool verbose);
+/* the memory plan, two lines */
+void print_plan(FILE *f, const tr_mem_plan *pl, const char *prefix);
 /* session parameters from -c, -b and the --kv-* flags */
 tr_session_params session_params(const gen_opts *o);
 

@@ -182,6 +182,12 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
         fprintf(stderr, "terrace: experts      through mmap (--experts mmap): the kernel's page cache decides\n");
     }
     print_kv_stats(stderr, s, "terrace: ");
+    tr_mem_plan pl;
+    tr_session_get_plan(s, &pl);
+    print_plan(stderr, &pl, "terrace: ");
+    fprintf(stderr, "terrace: memory       plan without the margin %.1f MiB, peak RSS %.1f MiB (%.2fx)\n",
+            (double)(pl.total_bytes - pl.margin_bytes) / (1024.0 * 1024.0), peak_rss_mib(),
+            pl.total_bytes > pl.margin_bytes ? peak_rss_mib() * 1024.0 * 1024.0 / (double)(pl.total_bytes - pl.margin_bytes) : 0.0);
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",
             peak_rss_mib(), (double)tr_session_bytes(s) / (1024.0 * 1024.0), tr_session_n_past(s),

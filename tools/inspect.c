@@ -545,9 +545,31 @@ static void print_report(const cJSON *doc) {
 
 static void inspect_usage(FILE *f) {
     fprintf(f, "usage: terrace inspect [--json] FILE.gguf\n"
+               "       terrace inspect -m FILE.gguf --plan [-c N] [run's memory and KV flags]\n"
                "       (FILE may also be given as -m FILE; for split models, any shard)\n\n"
                "  --json     print the report as one JSON document\n"
+               "  --plan     print the memory plan of a run with these flags (as run --dry-run):\n"
+               "             weights, expert cache, KV in DRAM and on storage, scratch, what spills\n"
                "  -h, --help this text\n");
+}
+
+/* inspect --plan: the plan is the one `run --dry-run` prints with the same flags, so it goes
+ * through run's parser and checks (one reading of every memory and KV flag) */
+static int inspect_plan(int argc, char **argv, int at) {
+    char **args = malloc(sizeof(char *) * ((size_t)argc + 2));
+    if (!args) {
+        cli_error("out of memory");
+        return CLI_EXIT_ERROR;
+    }
+    int n = 0;
+    args[n++] = "run";
+    for (int i = 1; i < argc; i++)
+        if (i != at) args[n++] = argv[i];
+    args[n++] = "--dry-run";
+    args[n] = NULL;
+    const int rc = cmd_run(n, args);
+    free(args);
+    return rc;
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -557,6 +579,8 @@ int cmd_inspect(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--plan")) return inspect_plan(argc, argv, i);
     bool json = false;
     const char *path = NULL;
     int c;

@@ -87,6 +87,7 @@ int cmd_perplexity(int argc, char **argv) {
         cli_error("%s", err.msg);
         goto out;
     }
+    print_kv_note(s, o.verbose);
     warn_context(&ld, s);
     const int32_t n_vocab = tr_model_n_vocab(ld.model), n_batch = sp.n_batch;
     if (!(logits = malloc(sizeof(float) * (size_t)n_batch * n_vocab))) {

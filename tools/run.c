@@ -32,11 +32,11 @@ int cmd_run(int argc, char **argv) {
         cli_error("run: give the prompt with -p or -f, not both");
         return CLI_EXIT_USAGE;
     }
-    if (!o.prompt && !o.prompt_file) {
+    if (!o.prompt && !o.prompt_file && !o.dry_run) {
         cli_error("run: no prompt (-p TEXT or -f FILE)");
         return CLI_EXIT_USAGE;
     }
-    if (!o.prompt_file) plen = strlen(prompt);
+    if (!o.prompt_file && prompt) plen = strlen(prompt);
 
     int rc = CLI_EXIT_ERROR;
     loaded ld;
@@ -52,11 +52,23 @@ int cmd_run(int argc, char **argv) {
         if (ld.usage_error) rc = CLI_EXIT_USAGE;
         goto out;
     }
+    if (o.dry_run) {
+        tr_session_params dp = session_params(&o);
+        tr_mem_plan pl;
+        if (tr_session_plan(ld.model, &dp, &pl, &err)) {
+            cli_error("%s", err.msg);
+            goto out;
+        }
+        print_plan(stdout, &pl, "terrace: ");
+        rc = 0;
+        goto out;
+    }
     tr_session_params sp = session_params(&o);
     if (tr_session_create(ld.model, &sp, &s, &err)) {
         cli_error("%s", err.msg);
         goto out;
     }
+    print_kv_note(s, o.verbose);
     warn_context(&ld, s);
     if (o.prompt_file) {
         /* no more than the context can hold: a file that cannot fit is an error, not an OOM */

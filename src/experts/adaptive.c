@@ -2,7 +2,8 @@
  * knn and adaptive expert-cache policies (see adaptive.h for what they do and why).
  *
  * Fingerprint ring. Token tok's choice at layer l is a bitmask of n_expert bits (W words) at
- * ring[(tok mod HIST) * L + l]. A layer step with R rows (a prefill batch: R tokens, row-major
+ * ring[l * HIST + tok mod HIST]: one layer's history is contiguous, as the similarity update
+ * reads it (every lag at one layer). A layer step with R rows (a prefill batch: R tokens, row-major
  * top-k) records R tokens; a step whose layer is not after the previous step's starts the next
  * token cycle, so the ring follows the forward pass without being told where tokens begin.
  *
@@ -61,7 +62,7 @@ static inline int popcount64(uint64_t x) {
 struct tr_adapt {
     int32_t L, E, K, W;
     uint32_t n_keys;
-    uint64_t *ring; /* [HIST][L][W] */
+    uint64_t *ring; /* [L][HIST][W] */
     /* the same choices as lists: [HIST][L][K] ids, [HIST][L] counts. The prediction adds by
      * list: a fixed-length loop, where walking the mask's bits costs a mispredicted branch per
      * word (measured: 3x slower on the shared trace) */
@@ -85,7 +86,7 @@ struct tr_adapt {
 
 static uint64_t *mask_at(const tr_adapt *a, int64_t tok, int32_t layer) {
     if (tok < 0 || tok >= a->n_tok || tok < a->n_tok - HIST) return NULL;
-    return a->ring + ((size_t)(tok % HIST) * (size_t)a->L + (size_t)layer) * (size_t)a->W;
+    return a->ring + ((size_t)layer * HIST + (size_t)(tok % HIST)) * (size_t)a->W;
 }
 
 static size_t slot_of(int64_t tok) { return (size_t)(tok % HIST); }
@@ -131,9 +132,9 @@ static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
     const uint64_t *cur = mask_at(a, t, j);
     uint16_t *last = a->last_ov + (size_t)j * HIST;
     if (a->W == 1) {
-        const uint64_t c = cur[0];
+        const uint64_t c = cur[0], *hist = a->ring + (size_t)j * HIST;
         for (int32_t d = 1; d <= dmax; d++) {
-            const int o = popcount64(c & a->ring[(size_t)((t - d) % HIST) * (size_t)a->L + (size_t)j]);
+            const int o = popcount64(c & hist[(size_t)((t - d) % HIST)]);
             a->S[d] += o - last[d];
             last[d] = (uint16_t)o;
         }
@@ -145,6 +146,25 @@ static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
         }
     }
     a->S_tok = t;
+}
+
+/* adds w to the prediction of every expert token slot `slot` chose at layers m0..m1-1 */
+static void vote(tr_adapt *a, size_t slot, int32_t m0, int32_t m1, float w) {
+    const size_t K = (size_t)a->K, E = (size_t)a->E;
+    for (int32_t m = m0; m < m1; m++) {
+        const size_t row = slot * (size_t)a->L + (size_t)m;
+        const uint16_t *id = a->ids + row * K;
+        float *out = a->acc + (size_t)m * E;
+        const int32_t nq = a->n_ids[row];
+        int32_t q = 0;
+        for (; q + 4 <= nq; q += 4) { /* the ids of one row are distinct: no dependency */
+            out[id[q]] += w;
+            out[id[q + 1]] += w;
+            out[id[q + 2]] += w;
+            out[id[q + 3]] += w;
+        }
+        for (; q < nq; q++) out[id[q]] += w;
+    }
 }
 
 const float *tr_adapt_predict(tr_adapt *a) {
@@ -188,15 +208,8 @@ const float *tr_adapt_predict(tr_adapt *a) {
         const float w = (float)(s * s * s);
         const int32_t d = a->nb_lag[i];
         /* layers ahead of j: token t-d's choice; layers passed: token t-d+1's */
-        const bool ha = have(a, t - d), hp = have(a, t - d + 1);
-        const size_t sa = slot_of(t - d) * (size_t)a->L, sp = slot_of(t - d + 1) * (size_t)a->L;
-        for (int32_t m = 0; m < a->L; m++) {
-            if (!(m > j ? ha : hp)) continue;
-            const size_t row = (m > j ? sa : sp) + (size_t)m;
-            const uint16_t *id = a->ids + row * (size_t)a->K;
-            float *out = a->acc + (size_t)m * (size_t)a->E;
-            for (int32_t q = 0, nq = a->n_ids[row]; q < nq; q++) out[id[q]] += w;
-        }
+        if (have(a, t - d + 1)) vote(a, slot_of(t - d + 1), 0, j + 1, w);
+        if (have(a, t - d)) vote(a, slot_of(t - d), j + 1, a->L, w);
     }
     return a->acc;
 }
@@ -251,8 +264,8 @@ void tr_adapt_route(tr_adapt *a, int32_t layer, const tr_policy_route_info *info
         a->cyc_single = rows == 1;
         const int32_t keep = rows < HIST ? rows : HIST;
         for (int32_t r = rows - keep; r < rows; r++) {
-            memset(mask_at(a, a->cyc_base + r, 0), 0,
-                   (size_t)a->L * (size_t)a->W * sizeof *a->ring);
+            for (int32_t l = 0; l < a->L; l++)
+                memset(mask_at(a, a->cyc_base + r, l), 0, (size_t)a->W * sizeof *a->ring);
             memset(a->n_ids + slot_of(a->cyc_base + r) * (size_t)a->L, 0, (size_t)a->L);
         }
         if (!a->cyc_single) a->S_valid = false;
@@ -306,16 +319,33 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t on
     for (uint32_t i = 0; i < p->ev_n; i++) {
         const uint32_t k = p->ev[i];
         if (only >= 0 && p->klayer[k] != only) continue;
+        if (n == cap) {
+            /* most items lose on the key's first two fields: test those before building it */
+            const rkey *lim = &ck[n - 1];
+            double a, b;
+            switch (rule) {
+            case R_LRU: a = (double)p->stamp[k], b = 0; break;
+            case R_LFU: a = (double)p->freq[k], b = (double)p->stamp[k]; break;
+            case R_LAYERED: a = p->pa[k] + off[p->klayer[k]], b = 0; break;
+            default: a = (double)acc[k], b = p->pa[k] + off[p->klayer[k]]; break;
+            }
+            if (a > lim->a || (a == lim->a && b > lim->b)) continue;
+        }
         const rkey rk = rule_key(p, rule, acc, off, k);
         if (n == cap && !rless(rk, ck[n - 1])) continue;
-        uint32_t j = n < cap ? n++ : n - 1; /* insertion into the sorted prefix */
-        while (j > 0 && rless(rk, ck[j - 1])) {
-            p->cand[j] = p->cand[j - 1];
-            ck[j] = ck[j - 1];
-            j--;
+        /* into the sorted prefix after the keys it is not less than: a binary search, since an
+         * unordered scan inserts dozens of times before the prefix holds the lowest keys */
+        uint32_t lo = 0, hi = n;
+        while (lo < hi) {
+            const uint32_t mid = (lo + hi) / 2;
+            if (rless(rk, ck[mid])) hi = mid;
+            else lo = mid + 1;
         }
-        p->cand[j] = k;
-        ck[j] = rk;
+        const uint32_t kept = n < cap ? n++ : n - 1; /* full: the largest key drops out */
+        memmove(p->cand + lo + 1, p->cand + lo, (kept - lo) * sizeof *p->cand);
+        memmove(ck + lo + 1, ck + lo, (kept - lo) * sizeof *ck);
+        p->cand[lo] = k;
+        ck[lo] = rk;
     }
     p->cand_n = n;
     p->cand_i = 0;
@@ -471,8 +501,14 @@ static void flush_step(tr_duel *d) {
             tr_policy_lookup(s, l, d->step_ex[i], &hit, NULL);
             d->miss[i] = !hit;
             hits += hit;
-            if (hit) tr_policy_pin(s, l, d->step_ex[i], NULL);
         }
+        if (d->step_single) d->score[r] += (double)hits;
+        /* the hits are pinned only against the misses' admits: a step that hit throughout
+         * leaves the shadow as it is (the keys are totally ordered, so pinning after all the
+         * lookups instead of after each one evicts the same) */
+        if (hits == (uint64_t)d->step_n) continue;
+        for (int32_t i = 0; i < d->step_n; i++)
+            if (!d->miss[i]) tr_policy_pin(s, l, d->step_ex[i], NULL);
         for (int32_t i = 0; i < d->step_n; i++)
             if (d->miss[i] && !tr_policy_admit(s, l, d->step_ex[i], bytes, TR_POLICY_OVERCOMMIT,
                                                NULL))
@@ -481,7 +517,6 @@ static void flush_step(tr_duel *d) {
             if (tr_policy_resident_bytes(s, l, d->step_ex[i]))
                 tr_policy_unpin(s, l, d->step_ex[i], NULL);
         if (s->used > s->budget) tr_policy_trim(s, NULL);
-        if (d->step_single) d->score[r] += (double)hits;
     }
     d->step_n = 0;
 }

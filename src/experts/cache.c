@@ -47,6 +47,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/io.h"
+#include "experts/adaptive.h"
 #include "experts/policy.h"
 
 /* Reads are split into chunks of at most this size (default), so one missing expert (3 parts)
@@ -118,6 +119,7 @@ struct tr_expert_cache {
     centry *entries;    /* [n_layer * n_expert] */
     uint8_t *arena;     /* one allocation, TR_IO_ALIGN-aligned */
     int32_t last_route; /* layer of the last tr_policy_route, -1 none */
+    tr_duel *duel;      /* adaptive: the one duel every class's policy follows */
     tr_io_pool *io;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -469,6 +471,7 @@ void tr_expert_cache_free(tr_expert_cache *c) {
         free(c->files[i].path);
     }
     for (int k = 0; k < c->n_classes; k++) tr_policy_free(c->classes[k].pol);
+    tr_duel_free(c->duel);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c->files);
@@ -592,6 +595,26 @@ tr_status tr_expert_cache_create(const tr_expert_layout *layout, const tr_expert
         return tr_fail(err, TR_E_NOMEM, "expert cache: cannot allocate the %.1f MiB arena",
                        mib(arena));
     }
+    /* adaptive: one duel over the whole arena, which the classes' policies follow (policy.h,
+     * tr_policy_params.duel) */
+    if ((kind == TR_POLICY_AUTO ? tr_policy_auto(p->budget_bytes, ws) : kind) ==
+        TR_POLICY_ADAPTIVE) {
+        for (int32_t l = 0; l < c->n_layer; l++)
+            sizes[l] = c->layers[l].n_parts ? c->layers[l].slot_bytes : 0;
+        const tr_policy_params dp = {.kind = TR_POLICY_ADAPTIVE,
+                                     .n_layer = c->n_layer,
+                                     .n_expert = c->n_expert,
+                                     .n_expert_used = k,
+                                     .budget_bytes = arena,
+                                     .expert_bytes = sizes};
+        st = tr_duel_create(&dp, &c->duel, err);
+        if (st) {
+            free(sizes);
+            tr_error_prefix(err, "expert cache: ");
+            tr_expert_cache_free(c);
+            return st;
+        }
+    }
     uint64_t base = 0;
     int32_t first = 0;
     for (int q = 0; q < c->n_classes; q++) {
@@ -615,7 +638,8 @@ tr_status tr_expert_cache_create(const tr_expert_layout *layout, const tr_expert
                                      .n_expert_used = k,
                                      .budget_bytes = (uint64_t)cl->n_slots * cl->slot_bytes,
                                      .expert_bytes = ebytes,
-                                     .seed = p->seed + (uint64_t)q};
+                                     .seed = p->seed + (uint64_t)q,
+                                     .duel = c->duel};
         st = tr_policy_create(&pp, &cl->pol, err);
         if (st) {
             free(sizes);
@@ -726,6 +750,7 @@ static void route(tr_expert_cache *c, int32_t layer, const tr_policy_route_info 
     const uint64_t t0 = tr_now_ns();
     for (int q = 0; q < c->n_classes; q++)
         if (c->classes[q].pol) tr_policy_route(c->classes[q].pol, layer, info, NULL);
+    if (c->duel) tr_duel_route(c->duel, layer, info);
     c->last_route = layer;
     c->st.policy_ns += tr_now_ns() - t0;
 }

@@ -376,7 +376,7 @@ void tr_policy_free(tr_policy *p) {
     free(p->prot_list);
     free(p->layer_bytes);
     if (!p->ad_borrowed) tr_adapt_free(p->ad);
-    tr_duel_free(p->duel);
+    if (!p->duel_borrowed) tr_duel_free(p->duel);
     free(p->klayer);
     free(p->cand);
     free(p->cand_key);
@@ -486,7 +486,10 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
             return tr_fail(err, TR_E_NOMEM, "expert policy: out of memory for %zu items", nk);
         }
         for (size_t k = 0; k < nk; k++) p->klayer[k] = (int32_t)(k / (size_t)p->n_expert);
-        if (p->kind == TR_POLICY_ADAPTIVE) {
+        if (p->kind == TR_POLICY_ADAPTIVE && pp->duel) {
+            p->duel = pp->duel;
+            p->duel_borrowed = true;
+        } else if (p->kind == TR_POLICY_ADAPTIVE) {
             tr_policy_params sp = *pp;
             sp.decay = exp(p->log_decay);
             tr_status s = tr_duel_create(&sp, &p->duel, err);
@@ -550,7 +553,7 @@ tr_status tr_policy_route(tr_policy *p, int32_t layer, const tr_policy_route_inf
     }
     p->cand_valid = false;
     if (p->ad && !p->ad_borrowed) tr_adapt_route(p->ad, layer, info);
-    if (p->duel) tr_duel_route(p->duel, layer, info);
+    if (p->duel && !p->duel_borrowed) tr_duel_route(p->duel, layer, info);
     return TR_OK;
 }
 

@@ -109,6 +109,12 @@ typedef struct tr_policy_params {
      * must match the next entry; the future tells each item's next use. */
     const tr_policy_key *future;
     size_t n_future;
+    /* adaptive only: follow this duel (adaptive.h) instead of running one of its own; the caller
+     * created it for the whole cache, routes it (tr_duel_route) once per layer step and frees it.
+     * A cache split into size classes runs one policy per class, and one duel serves them all:
+     * the rule that fits the routing does not depend on the class, and each class's own duel
+     * would route the predictor and the shadows again. NULL: the policy runs its own. */
+    struct tr_duel *duel;
 } tr_policy_params;
 
 typedef struct tr_policy tr_policy;

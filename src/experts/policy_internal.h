@@ -52,6 +52,7 @@ struct tr_policy {
     tr_adapt *ad;
     bool ad_borrowed; /* adaptive's knn shadow: the duel's predictor, routed and freed there */
     tr_duel *duel;
+    bool duel_borrowed; /* params.duel: the caller routes and frees it */
     int32_t *klayer; /* [n_keys] layer of each key (no division in scans) */
     /* the lowest evictable items of the last scan, in order, for the other admits of the step:
      * keys of evictable items do not change within a layer step (what is looked up is pinned

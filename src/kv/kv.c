@@ -22,7 +22,7 @@
 
 tr_kv_params tr_kv_default_params(void) {
     /* alpha 0.2: HillInfer's (and H2O's) importance rate */
-    return (tr_kv_params){.policy = TR_KV_FULL,
+    return (tr_kv_params){.policy = TR_KV_AUTO,
                           .alpha = 0.2f,
                           .n_sink = 4,
                           .n_window = 64,
@@ -31,19 +31,19 @@ tr_kv_params tr_kv_default_params(void) {
                           .research = {.beta = -1.0f}};
 }
 
-static const char *const policy_names[] = {"full", "offload", "h2o", "quest", "tiered"};
+static const char *const policy_names[] = {"full", "offload", "h2o", "quest", "tiered", "auto"};
 
 tr_status tr_kv_policy_parse(const char *name, tr_kv_policy *out, tr_error *err) {
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (name && !strcmp(name, policy_names[i])) {
             *out = (tr_kv_policy)i;
             return TR_OK;
         }
-    return tr_fail(err, TR_E_ARG, "unknown KV policy '%s' (full, offload, h2o, quest, tiered)",
+    return tr_fail(err, TR_E_ARG, "unknown KV policy '%s' (auto, full, offload, h2o, quest, tiered)",
                    name ? name : "(null)");
 }
 
-const char *tr_kv_policy_name(tr_kv_policy p) { return (unsigned)p < 5 ? policy_names[p] : "?"; }
+const char *tr_kv_policy_name(tr_kv_policy p) { return (unsigned)p < 6 ? policy_names[p] : "?"; }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* the plan of a pooled policy                                                                    */
@@ -56,6 +56,9 @@ tr_status tr_kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, tr_kv_pla
         return tr_fail(err, TR_E_ARG,
                        "KV shape: %d layers, n_ctx %d, %d heads / %d KV heads, head dims %d/%d",
                        s->n_layer, s->n_ctx, s->n_head, s->n_head_kv, s->head_dim_k, s->head_dim_v);
+    if (p->policy == TR_KV_AUTO)
+        return tr_fail(err, TR_E_ARG, "KV policy auto is resolved by the session (it knows the "
+                       "memory budget): the cache itself takes full, offload, h2o, quest or tiered");
     if ((unsigned)p->policy > TR_KV_TIERED)
         return tr_fail(err, TR_E_ARG, "KV policy %d", (int)p->policy);
     if (!(p->alpha > 0.0f && p->alpha <= 1.0f))
@@ -236,7 +239,7 @@ tr_status tr_kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, tr_kv_pla
     d += n_ctx * (4 + 4 + 4 + 1 + 1) + (uint64_t)o->n_pages * 4; /* selection scratch */
     if (p->spec) d += 2 * n_ctx * (4 + 1);                        /* two layers' lists */
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
-    d += (uint64_t)o->n_scratch * (ws * 6 + (uint64_t)s->head_dim_k * 2);
+    d += (uint64_t)o->n_scratch * TR_KV_TILE_ROWS * (ws * 6 + (uint64_t)s->head_dim_k * 2);
     o->row_block = p->max_rows > TR_KV_ROW_BLOCK ? p->max_rows : TR_KV_ROW_BLOCK;
     d += (uint64_t)o->row_block * (nh * 12 + 8);        /* softmax state, ranges */
     if (o->cold) d += TR_KV_GATHERS * ws * (sizeof(tr_io_job) + 4); /* gather jobs */

@@ -176,13 +176,145 @@ static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
     *l_st = l;
 }
 
+/* A block of up to TR_KV_TILE_ROWS rows of one head (a prefill chunk): the same computation as
+ * attend_one for each row, with every key and value row of the list loaded once for the whole
+ * block instead of once per row (a row walks its list at the stride of a record, so one pass per
+ * row made a long chunk's attention bound by memory). Each row's scores, softmax and ascending
+ * sum of values are attend_one's, so the outputs are identical to it. */
+static void attend_block(attn_job *j, int ith, int32_t r0, int32_t nr, int32_t h) {
+    const tr_kv *kv = j->kv;
+    tr_kv_pooled *P = j->P;
+    const tr_kv_store *st = &P->st;
+    const int32_t hdk = kv->shape.head_dim_k, hdv = kv->shape.head_dim_v;
+    const int32_t g = h / (kv->shape.n_head / kv->shape.n_head_kv), nh = kv->shape.n_head;
+    const bool has_sink = j->sinks != NULL;
+    const float sink = has_sink ? j->sinks[h] : -INFINITY;
+    const size_t cap = (size_t)st->ws_cap;
+    float *sc = P->th_s + (size_t)ith * cap * TR_KV_TILE_ROWS;
+    uint16_t *p16 = P->th_p + (size_t)ith * cap * TR_KV_TILE_ROWS;
+    uint16_t *q16 = P->th_q + (size_t)ith * (size_t)hdk * TR_KV_TILE_ROWS;
+    const tr_vec_dot_fn dot16 = kv->kern->vec_dot[TR_TYPE_F16];
+    const tr_axpy_f16_fn axpy = tr_axpy_f16_of(kv->kern);
+    const int32_t sbase = j->slot0 - j->c0;
+    int32_t lo[TR_KV_TILE_ROWS], hi[TR_KV_TILE_ROWS], ulo = INT32_MAX, uhi = INT32_MIN;
+    float *out[TR_KV_TILE_ROWS];
+    bool live[TR_KV_TILE_ROWS]; /* the row sums values */
+    for (int32_t k = 0; k < nr; k++) {
+        const int32_t r = r0 + k;
+        lo[k] = P->vlo[r];
+        hi[k] = P->vhi[r];
+        out[k] = j->out + (size_t)r * j->out_stride + (size_t)h * hdv;
+        if (j->pass == PASS_CHUNK) {
+            if (j->first) {
+                P->st_m[(size_t)r * nh + h] = sink;
+                P->st_l[(size_t)r * nh + h] = has_sink ? 1.0 : 0.0;
+                memset(out[k], 0, (size_t)hdv * sizeof(float));
+            }
+            if (lo[k] < j->c0) lo[k] = j->c0;
+            if (hi[k] > j->c1) hi[k] = j->c1;
+        }
+        if (hi[k] < lo[k]) hi[k] = lo[k];
+        if (hi[k] > lo[k]) {
+            if (lo[k] < ulo) ulo = lo[k];
+            if (hi[k] > uhi) uhi = hi[k];
+        }
+        const float *q = j->q + (size_t)r * j->q_stride + (size_t)h * hdk;
+        for (int32_t d = 0; d < hdk; d++) q16[(size_t)k * hdk + d] = tr_f32_to_f16(q[d]);
+    }
+    /* scores: each key row once for the block */
+    for (int32_t t = ulo; t < uhi; t++) {
+        const uint16_t *kr = ws_k(st, hdk, sbase + t, g);
+        const bool skipped = j->skip && j->skip[t];
+        for (int32_t k = 0; k < nr; k++) {
+            if (t < lo[k] || t >= hi[k]) continue;
+            float v = -INFINITY;
+            if (!skipped) {
+                dot16(hdk, &v, kr, q16 + (size_t)k * hdk);
+                v *= j->scale;
+            }
+            sc[(size_t)k * cap + (size_t)(t - lo[k])] = v;
+        }
+    }
+    /* per row: the softmax (exact) or the online-softmax step (chunk) into F16 weights */
+    for (int32_t k = 0; k < nr; k++) {
+        const int32_t r = r0 + k, n = hi[k] - lo[k];
+        float *s = sc + (size_t)k * cap;
+        uint16_t *p = p16 + (size_t)k * cap;
+        float *m_st = &P->st_m[(size_t)r * nh + h];
+        double *l_st = &P->st_l[(size_t)r * nh + h];
+        float mx = -INFINITY;
+        for (int32_t i = 0; i < n; i++)
+            if (s[i] > mx) mx = s[i];
+        live[k] = false;
+        if (j->pass == PASS_EXACT) {
+            memset(out[k], 0, (size_t)hdv * sizeof(float));
+            if (sink > mx) mx = sink;
+            if (mx == -INFINITY) {
+                *m_st = mx;
+                *l_st = 0.0;
+                continue;
+            }
+            double sum = 0.0;
+            for (int32_t i = 0; i < n; i++) {
+                const float e = expf(s[i] - mx);
+                s[i] = e;
+                sum += (double)e;
+            }
+            if (has_sink) sum += (double)expf(sink - mx);
+            *m_st = mx;
+            *l_st = sum;
+            const float inv = (float)(1.0 / sum);
+            for (int32_t i = 0; i < n; i++) p[i] = tr_f32_to_f16(s[i] * inv);
+            live[k] = n > 0;
+            continue;
+        }
+        if (!n) continue;
+        float m = *m_st;
+        double l = *l_st;
+        if (mx > m) {
+            const float f = m == -INFINITY ? 0.0f : expf(m - mx);
+            for (int32_t d = 0; d < hdv; d++) out[k][d] *= f;
+            l *= (double)f;
+            m = mx;
+        }
+        if (m == -INFINITY) continue;
+        for (int32_t i = 0; i < n; i++) {
+            const float e = expf(s[i] - m);
+            l += (double)e;
+            p[i] = tr_f32_to_f16(e);
+        }
+        *m_st = m;
+        *l_st = l;
+        live[k] = true;
+    }
+    /* values: each value row once for the block, each row's sum in ascending key order */
+    for (int32_t t = ulo; t < uhi; t++) {
+        const uint16_t *vr = ws_v(st, hdv, sbase + t, g);
+        for (int32_t k = 0; k < nr; k++) {
+            if (!live[k] || t < lo[k] || t >= hi[k]) continue;
+            const uint16_t w = p16[(size_t)k * cap + (size_t)(t - lo[k])];
+            if (w) axpy(hdv, out[k], vr, tr_kv_f16[w]);
+        }
+    }
+}
+
 static void attn_task(void *ctx, int ith, int nth) {
     (void)nth;
     attn_job *j = ctx;
     if (ith >= j->P->n_scratch) return; /* a pool bigger than planned: the others do the work */
     const int32_t nh = j->kv->shape.n_head;
-    const int64_t total = (int64_t)j->rows * nh;
     int64_t b, e;
+    if (j->pass != PASS_FINAL && j->rows > 1 && !j->keep) {
+        const int32_t nb = (j->rows + TR_KV_TILE_ROWS - 1) / TR_KV_TILE_ROWS;
+        while (tr_claim(&j->next, (int64_t)nb * nh, 1, &b, &e))
+            for (int64_t i = b; i < e; i++) {
+                const int32_t r0 = (int32_t)(i / nh) * TR_KV_TILE_ROWS;
+                const int32_t nr = j->rows - r0 < TR_KV_TILE_ROWS ? j->rows - r0 : TR_KV_TILE_ROWS;
+                attend_block(j, ith, r0, nr, (int32_t)(i % nh));
+            }
+        return;
+    }
+    const int64_t total = (int64_t)j->rows * nh;
     while (tr_claim(&j->next, total, 2, &b, &e))
         for (int64_t i = b; i < e; i++) attend_one(j, ith, (int32_t)(i / nh), (int32_t)(i % nh));
 }

@@ -29,6 +29,9 @@
  * plan's row_block goes in blocks); also the rows of a call the host's key ring is sized for when
  * max_rows is 0 */
 #define TR_KV_ROW_BLOCK 512
+/* rows of one head a prefill chunk's attention computes together, sharing each key and value row
+ * it loads (per-thread scratch: scores and weights of that many rows) */
+#define TR_KV_TILE_ROWS 8
 
 typedef struct tr_kv_ops {
     tr_status (*append)(tr_kv *kv, int32_t layer, const float *k, const float *v, tr_error *err);

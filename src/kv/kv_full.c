@@ -7,8 +7,11 @@
  * the probabilities rounded to F16 (its matmuls against the F16 cache convert the other operand).
  * Layers may have their own head counts (the arrays are sized by the largest).
  *
- * tr_kv_full_attend is the whole of this policy's attention; a tiled kernel for long prefill
- * chunks goes there.
+ * tr_kv_full_attend is the whole of this policy's attention: tasks of one KV head and a block of
+ * consecutive rows (the attention kernel's tiles, kernels.h attn_f16: the block's positions × the
+ * KV head's query heads, at most TR_ATTN_MAX_Q vectors), so each block of K and V is converted
+ * once for the whole tile. With too few such tasks for the threads (decode), the query heads of a
+ * KV head are split into smaller groups.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -25,9 +28,8 @@ typedef struct full {
     int32_t *len;            /* [n_layer] positions held */
     int32_t *n_head, *n_head_kv; /* [n_layer] */
     int nth;                 /* threads with scratch */
-    float *scores;           /* [nth][n_ctx] */
-    uint16_t *p16;           /* [nth][n_ctx] */
-    uint16_t *q16;           /* [nth][head_dim_k] */
+    size_t attn_floats;      /* the attention kernel's scratch per thread */
+    float *scratch;          /* [nth][attn_floats] */
 } full;
 
 static uint16_t *layer_k(const tr_kv *kv, int32_t l) {
@@ -42,12 +44,17 @@ static int scratch_threads(const tr_kv_params *p) {
     return p->n_threads > 0 ? p->n_threads : tr_cpu_physical_cores();
 }
 
+/* floats of one thread's attention scratch (a multiple of 16: each thread's part stays aligned) */
+static size_t attn_floats(const tr_kv_shape *s) {
+    return (tr_attn_scratch_floats(s->n_ctx, s->head_dim_k, s->head_dim_v) + 15) & ~(size_t)15;
+}
+
 /* the arrays, then the per-thread scratch, as create lays them out */
 uint64_t tr_kv_full_bytes(const tr_kv_shape *s, const tr_kv_params *p) {
     const uint64_t kv = (uint64_t)s->n_layer * (uint64_t)s->n_ctx * (uint64_t)s->n_head_kv *
                         (uint64_t)(s->head_dim_k + s->head_dim_v) * 2;
     const uint64_t nth = (uint64_t)scratch_threads(p);
-    return kv + nth * (uint64_t)s->n_ctx * 6 + nth * (uint64_t)s->head_dim_k * 2;
+    return kv + nth * (uint64_t)attn_floats(s) * 4;
 }
 
 static tr_status full_append(tr_kv *kv, int32_t layer, const float *k, const float *v,
@@ -70,54 +77,43 @@ static tr_status full_append(tr_kv *kv, int32_t layer, const float *k, const flo
 typedef struct attn_job {
     const tr_kv *kv;
     const tr_kv_query *q;
+    int32_t rows_per_block, n_blocks, heads_per_task, n_sub; /* n_sub: tasks per KV head */
     atomic_int_fast64_t next;
 } attn_job;
 
-/* one (row, head): scores against every visible key, softmax, weighted sum of V */
-static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
+/* rows [r0, r1), query heads [h0, h1) of KV head kvh */
+static void attend_tile(attn_job *j, int ith, int32_t r0, int32_t r1, int32_t kvh, int32_t h0,
+                        int32_t h1) {
     const tr_kv *kv = j->kv;
     const full *F = kv->pol;
     const tr_kv_query *Q = j->q;
     const int32_t layer = Q->layer, n_ctx = kv->shape.n_ctx;
-    const int32_t pos = Q->pos[r];
     const int32_t hdk = kv->shape.head_dim_k, hdv = kv->shape.head_dim_v;
-    const int32_t kvh = h / (F->n_head[layer] / F->n_head_kv[layer]);
-    const size_t k_stride = (size_t)F->n_head_kv[layer] * hdk;
-    const int32_t j0 = tr_kv_visible_lo(pos, Q->swa);
-    const int32_t n = pos - j0 + 1;
-
-    float *scores = F->scores + (size_t)ith * (size_t)n_ctx;
-    uint16_t *p16 = F->p16 + (size_t)ith * (size_t)n_ctx;
-    uint16_t *q16 = F->q16 + (size_t)ith * (size_t)hdk;
-    const float *q = Q->q + (size_t)r * Q->q_stride + (size_t)h * hdk;
-    for (int32_t d = 0; d < hdk; d++) q16[d] = tr_f32_to_f16(q[d]);
-
-    const tr_vec_dot_fn dot16 = kv->kern->vec_dot[TR_TYPE_F16];
-    const uint16_t *K = layer_k(kv, layer) + (size_t)kvh * hdk;
-    float mx = -INFINITY;
-    for (int32_t t = 0; t < n; t++) {
-        float v;
-        dot16(hdk, &v, K + (size_t)(j0 + t) * k_stride, q16);
-        v *= Q->scale;
-        scores[t] = v;
-        if (v > mx) mx = v;
+    tr_attn_q qs[TR_ATTN_MAX_Q];
+    int n = 0;
+    for (int32_t r = r0; r < r1; r++) {
+        const int32_t pos = Q->pos[r];
+        for (int32_t h = h0; h < h1; h++)
+            qs[n++] = (tr_attn_q){
+                .q = Q->q + (size_t)r * Q->q_stride + (size_t)h * hdk,
+                .out = Q->out + (size_t)r * Q->out_stride + (size_t)h * hdv,
+                .lo = tr_kv_visible_lo(pos, Q->swa),
+                .hi = pos,
+                /* gpt-oss sinks: an extra logit per head in the denominator, no value vector */
+                .sink = Q->sinks ? Q->sinks[h] : -INFINITY,
+            };
     }
-    /* gpt-oss sinks: an extra logit per head in the denominator, with no value vector */
-    const float sink = Q->sinks ? Q->sinks[h] : -INFINITY;
-    if (sink > mx) mx = sink;
-    double sum = 0.0;
-    for (int32_t t = 0; t < n; t++) {
-        const float e = expf(scores[t] - mx);
-        scores[t] = e;
-        sum += (double)e;
-    }
-    if (Q->sinks) sum += (double)expf(sink - mx);
-    const float inv = (float)(1.0 / sum);
-    for (int32_t t = 0; t < n; t++) p16[t] = tr_f32_to_f16(scores[t] * inv);
-
-    const uint16_t *VT = layer_vt(kv, layer) + (size_t)kvh * hdv * (size_t)n_ctx;
-    float *out = Q->out + (size_t)r * Q->out_stride + (size_t)h * hdv;
-    for (int32_t d = 0; d < hdv; d++) dot16(n, &out[d], VT + (size_t)d * n_ctx + j0, p16);
+    const tr_attn_kv akv = {
+        .k = layer_k(kv, layer) + (size_t)kvh * hdk,
+        .k_pos = (size_t)F->n_head_kv[layer] * hdk,
+        .v = layer_vt(kv, layer) + (size_t)kvh * hdv * (size_t)n_ctx, /* V transposed */
+        .v_pos = 1,
+        .v_dim = (size_t)n_ctx,
+        .hd_k = hdk,
+        .hd_v = hdv,
+        .scale = Q->scale,
+    };
+    tr_attn_f16_of(kv->kern)(n, qs, &akv, F->scratch + (size_t)ith * F->attn_floats);
 }
 
 static void attn_task(void *ctx, int ith, int nth) {
@@ -125,11 +121,21 @@ static void attn_task(void *ctx, int ith, int nth) {
     attn_job *j = ctx;
     const full *F = j->kv->pol;
     if (ith >= F->nth) return; /* a pool bigger than planned: the others do the work */
-    const int32_t n_head = F->n_head[j->q->layer];
-    const int64_t total = (int64_t)j->q->rows * n_head;
+    const int32_t layer = j->q->layer;
+    const int32_t G = F->n_head[layer] / F->n_head_kv[layer];
+    const int64_t per_block = (int64_t)F->n_head_kv[layer] * j->n_sub;
+    const int64_t total = (int64_t)j->n_blocks * per_block;
     int64_t b, e;
-    while (tr_claim(&j->next, total, 4, &b, &e))
-        for (int64_t i = b; i < e; i++) attend_one(j, ith, (int32_t)(i / n_head), (int32_t)(i % n_head));
+    while (tr_claim(&j->next, total, 1, &b, &e)) {
+        /* the last blocks first: they see the most keys, and the threads then finish together */
+        const int32_t blk = j->n_blocks - 1 - (int32_t)(b / per_block);
+        const int32_t kvh = (int32_t)(b % per_block / j->n_sub), sub = (int32_t)(b % j->n_sub);
+        const int32_t h0 = kvh * G + sub * j->heads_per_task;
+        const int32_t h1 = h0 + j->heads_per_task < (kvh + 1) * G ? h0 + j->heads_per_task : (kvh + 1) * G;
+        const int32_t r0 = blk * j->rows_per_block;
+        const int32_t r1 = r0 + j->rows_per_block < j->q->rows ? r0 + j->rows_per_block : j->q->rows;
+        attend_tile(j, ith, r0, r1, kvh, h0, h1);
+    }
 }
 
 tr_status tr_kv_full_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error *err) {
@@ -140,7 +146,18 @@ tr_status tr_kv_full_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_e
                            "KV attend: row %d at position %d, layer %d holds %d positions", r,
                            q->pos[r], q->layer, F->len[q->layer]);
     const uint64_t t0 = tr_now_ns();
+    const int32_t G = F->n_head[q->layer] / F->n_head_kv[q->layer];
+    const int nth = pool ? tr_pool_size(pool) : 1;
     attn_job j = {.kv = kv, .q = q};
+    j.heads_per_task = G < TR_ATTN_MAX_Q ? G : TR_ATTN_MAX_Q;
+    j.rows_per_block = TR_ATTN_MAX_Q / j.heads_per_task;
+    j.n_blocks = (q->rows + j.rows_per_block - 1) / j.rows_per_block;
+    /* decode: fewer tiles than a few per thread -> smaller head groups */
+    while (j.heads_per_task > 1 &&
+           (int64_t)j.n_blocks * F->n_head_kv[q->layer] * ((G + j.heads_per_task - 1) / j.heads_per_task) <
+               4 * nth)
+        j.heads_per_task = (j.heads_per_task + 1) / 2;
+    j.n_sub = (G + j.heads_per_task - 1) / j.heads_per_task;
     atomic_init(&j.next, 0);
     if (pool)
         tr_pool_run(pool, attn_task, &j);
@@ -180,9 +197,7 @@ static void full_free(tr_kv *kv) {
     free(F->len);
     free(F->n_head);
     free(F->n_head_kv);
-    free(F->scores);
-    free(F->p16);
-    free(F->q16);
+    free(F->scratch);
     free(F);
     kv->pol = NULL;
 }
@@ -208,10 +223,9 @@ tr_status tr_kv_full_create(tr_kv *kv, tr_error *err) {
     F->len = calloc((size_t)s->n_layer, sizeof *F->len);
     F->n_head = malloc(sizeof(int32_t) * (size_t)s->n_layer);
     F->n_head_kv = malloc(sizeof(int32_t) * (size_t)s->n_layer);
-    F->scores = malloc((size_t)F->nth * (size_t)s->n_ctx * 4);
-    F->p16 = malloc((size_t)F->nth * (size_t)s->n_ctx * 2);
-    F->q16 = malloc((size_t)F->nth * (size_t)s->head_dim_k * 2);
-    if (!F->mem || !F->len || !F->n_head || !F->n_head_kv || !F->scores || !F->p16 || !F->q16)
+    F->attn_floats = attn_floats(s);
+    F->scratch = aligned_alloc(64, (size_t)F->nth * F->attn_floats * 4);
+    if (!F->mem || !F->len || !F->n_head || !F->n_head_kv || !F->scratch)
         return tr_fail(err, TR_E_NOMEM,
                        "KV cache: cannot allocate %llu MiB for %d tokens (lower -c)",
                        (unsigned long long)(tr_kv_full_bytes(s, &kv->params) >> 20), s->n_ctx);

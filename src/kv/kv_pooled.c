@@ -48,9 +48,11 @@ tr_status tr_kv_pooled_init(tr_kv *kv, tr_kv_pooled *P, const tr_kv_plan *pl,
     ALLOC(P->cscore, n_ctx * 4, 0);
     ALLOC(P->mark, n_ctx, 0);
     ALLOC(P->skip, n_ctx, 0);
-    ALLOC(P->th_s, (size_t)pl->n_scratch * (size_t)pl->ws_cap * 4, 64);
-    ALLOC(P->th_p, (size_t)pl->n_scratch * (size_t)pl->ws_cap * 2, 64);
-    ALLOC(P->th_q, (size_t)pl->n_scratch * hdk * 2, 64);
+    /* per thread: scores, weights and F16 query of a tile of rows (kv_attn.c) */
+    const size_t tile = (size_t)pl->n_scratch * TR_KV_TILE_ROWS;
+    ALLOC(P->th_s, tile * (size_t)pl->ws_cap * 4, 64);
+    ALLOC(P->th_p, tile * (size_t)pl->ws_cap * 2, 64);
+    ALLOC(P->th_q, tile * hdk * 2, 64);
     const size_t rb = (size_t)pl->row_block;
     ALLOC(P->st_m, rb * nh * 4, 0);
     ALLOC(P->st_l, rb * nh * 8, 0);

@@ -26,6 +26,13 @@
 
 static uint64_t sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
+uint64_t tr_mem_margin(uint64_t cap) {
+    uint64_t margin = cap / 20;
+    if (margin < (16u << 20)) margin = 16u << 20;
+    if (margin > cap / 10) margin = cap / 10;
+    return margin;
+}
+
 void tr_expert_plan(const tr_expert_plan_in *in, tr_expert_budget_plan *out) {
     memset(out, 0, sizeof *out);
     uint64_t cap, in_use, headroom;
@@ -45,9 +52,7 @@ void tr_expert_plan(const tr_expert_plan_in *in, tr_expert_budget_plan *out) {
         headroom = in->mem_available;
         out->source = "MemAvailable";
     }
-    uint64_t margin = cap / 20;
-    if (margin < (16u << 20)) margin = 16u << 20;
-    if (margin > cap / 10) margin = cap / 10;
+    const uint64_t margin = tr_mem_margin(cap);
     out->cap_bytes = cap;
     out->in_use_bytes = in_use;
     out->session_bytes = in->session_bytes;

@@ -837,6 +837,19 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     m->expert_lookahead = p.expert_lookahead;
     if (m->hp.n_expert > 0 && p.experts == TR_EXPERTS_CACHE && (s = setup_experts(m, &p, err)))
         goto fail;
+    /* the memory budget the expert cache and --kv-policy auto share: tr_expert_plan's cap, from
+     * the reading the cache's automatic budget was planned with, else from one taken now */
+    if (m->plan.automatic) {
+        m->mem_cap = m->plan.cap_bytes;
+        m->mem_source = m->plan.source;
+    } else {
+        tr_expert_plan_in in = {.mem_budget = p.mem_budget_bytes};
+        read_memory(&in);
+        tr_expert_budget_plan cap;
+        tr_expert_plan(&in, &cap);
+        m->mem_cap = cap.cap_bytes;
+        m->mem_source = cap.source;
+    }
     m->kern = tr_kernels_best();
     if ((s = tr_pool_create(p.n_threads, &m->pool, err))) goto fail;
     free(n_head);

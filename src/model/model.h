@@ -122,6 +122,8 @@ struct tr_model {
     int32_t pred[256];
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
+    uint64_t mem_cap;       /* the memory budget: --mem-budget, else auto (mem_source says which) */
+    const char *mem_source;
     char warning[1024];
     tr_expert_budget_plan plan; /* how an auto budget was chosen */
     const float *rope_freqs; /* optional per-pair divisors (llama3 rope) */
@@ -166,5 +168,9 @@ typedef struct tr_expert_plan_in {
 } tr_expert_plan_in;
 
 void tr_expert_plan(const tr_expert_plan_in *in, tr_expert_budget_plan *out);
+/* the share of a memory cap kept for what no estimate sees (thread stacks, allocator slack, the
+ * kernel's own pages charged to a cgroup): 5 %, at least 16 MiB, at most 10 %; the expert plan's
+ * and the session's memory plan's */
+uint64_t tr_mem_margin(uint64_t cap);
 
 #endif

@@ -5,17 +5,13 @@
 
 #include "tensor/fp16.h"
 
+/* The element-wise ops take the best kernel family's version where it has one (kernels.h: the
+ * reference's arithmetic, vectorized; m->kern, the forward pass's other kernels, is the same
+ * family), else the scalar reference. */
 void tr_rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-    const float mean = (float)(sum / (double)n);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    if (w) {
-        /* ggml scales first, then multiplies by the weight in a separate op */
-        for (int64_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
-    }
+    const tr_kernels *k = tr_kernels_best();
+    if (k->rmsnorm) k->rmsnorm(y, x, w, n, eps);
+    else tr_rmsnorm_ref(y, x, w, n, eps);
 }
 
 static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
@@ -69,11 +65,17 @@ void tr_rope_apply(float *x, const float *cs, const tr_rope_params *p) {
 }
 
 void tr_swiglu(float *g, const float *u, int64_t n) {
-    for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    const tr_kernels *k = tr_kernels_best();
+    if (k->swiglu) {
+        k->swiglu(g, u, n);
+        return;
+    }
+    tr_swiglu_ref(g, u, n);
 }
 
-/* ggml's GELU table: gelu of every F16 value, stored as F16 */
-static uint16_t g_gelu[1 << 16];
+/* ggml's GELU table: gelu of every F16 value, stored as F16 (and padding the vector kernels'
+ * 4-byte gathers may read) */
+static uint16_t g_gelu[(1 << 16) + 2];
 static pthread_once_t g_gelu_once = PTHREAD_ONCE_INIT;
 
 static void gelu_init(void) {
@@ -86,15 +88,15 @@ static void gelu_init(void) {
 }
 
 float tr_gelu_table(float x) {
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
     pthread_once(&g_gelu_once, gelu_init);
-    return tr_f16_to_f32(g_gelu[tr_f32_to_f16(x)]);
+    return tr_gelu_lookup(x, g_gelu);
 }
 
 void tr_geglu(float *g, const float *u, int64_t n) {
     pthread_once(&g_gelu_once, gelu_init);
-    for (int64_t i = 0; i < n; i++) g[i] = tr_gelu_table(g[i]) * u[i];
+    const tr_kernels *k = tr_kernels_best();
+    if (k->geglu) k->geglu(g, u, n, g_gelu);
+    else tr_geglu_ref(g, u, n, g_gelu);
 }
 
 /* A float is NaN or infinite when its exponent bits are all ones; adding one to the exponent

@@ -2,8 +2,10 @@
  * Sessions: the KV cache and scratch are sized from the model and the session parameters before
  * anything is allocated, allocated once, and reused for every token.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,6 +173,7 @@ uint64_t tr_session_estimate_ctx(const tr_model *m, int32_t n_ctx, int32_t n_bat
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
     resolve_params(m, &p);
+    p.kv.policy = TR_KV_FULL; /* auto's most: every token hot */
     tr_scratch dummy;
     return full_bytes(m, &p) + scratch_plan(m, p.n_batch, false, NULL, &dummy);
 }
@@ -203,6 +206,220 @@ tr_status tr_session_estimate(const tr_model *m, const tr_session_params *params
     return TR_OK;
 }
 
+/* "1.5 MiB" */
+static const char *mib(uint64_t b, char *s, size_t cap) {
+    snprintf(s, cap, "%.1f MiB", (double)b / (1024.0 * 1024.0));
+    return s;
+}
+
+/* --kv-policy auto's cold directory: $XDG_CACHE_HOME/terrace, else $HOME/.cache/terrace,
+ * created (the cache makes its own directory in it and removes it when it ends) */
+static tr_status auto_cold_dir(char *dir, size_t cap, bool make, tr_error *err) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n;
+    if (xdg && *xdg == '/')
+        n = snprintf(dir, cap, "%s/terrace", xdg);
+    else if (home && *home)
+        n = snprintf(dir, cap, "%s/.cache/terrace", home);
+    else
+        return tr_fail(err, TR_E_ARG, "KV cache auto: the KV does not fit in memory and neither "
+                       "$XDG_CACHE_HOME nor $HOME is set to put the cold pool under: give --kv-cold DIR");
+    if (n < 0 || (size_t)n >= cap) return tr_fail(err, TR_E_ARG, "KV cache auto: cache directory path too long");
+    if (!make) return TR_OK; /* a plan only */
+    /* mkdir -p, 0700: the pool holds the conversation's keys and values */
+    for (char *c = dir + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        const int r = mkdir(dir, 0700);
+        *c = '/';
+        if (r && errno != EEXIST)
+            return tr_fail(err, TR_E_IO, "KV cache auto: cannot create %s: %s", dir, strerror(errno));
+    }
+    if (mkdir(dir, 0700) && errno != EEXIST)
+        return tr_fail(err, TR_E_IO, "KV cache auto: cannot create the cold pool's directory %s: %s "
+                       "(give --kv-cold DIR)", dir, strerror(errno));
+    return TR_OK;
+}
+
+/* a least budget as the message prints it (a tenth of a MiB), rounded up so that the figure a
+ * user copies is enough */
+static uint64_t tenth_mib_up(uint64_t b) {
+    const uint64_t tenths = (b * 10 + (1u << 20) - 1) >> 20;
+    return (tenths * (1u << 20) + 9) / 10;
+}
+
+/* the least cap whose margin leaves `need` */
+static uint64_t min_cap(uint64_t need) {
+    uint64_t lo = need, hi = 2 * need + (32u << 20);
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        if (mid - tr_mem_margin(mid) >= need) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* the tiered working set auto gives a share (one layer's gathered K/V, 64 MiB at most): an eighth
+ * of it, at least 64 tokens (a list longer than it is attended in parts) */
+static uint64_t auto_ws(uint64_t share, uint64_t rec) {
+    uint64_t w = share / 8;
+    if (w > (64ull << 20)) w = 64ull << 20;
+    if (w < 64 * rec) w = 64 * rec;
+    return w;
+}
+
+/* the least --mem-budget whose share holds the smallest tiered plan; the working set grows with
+ * the share, so the smallest plan is found at each candidate budget, not at the one refused */
+static uint64_t auto_min_cap(const tr_kv_shape *shape, tr_kv_params t, uint64_t fixed,
+                             uint64_t rec, bool ws_given, uint64_t need) {
+    uint64_t lo = fixed, hi = 2 * (fixed + need) + (64ull << 20);
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        const uint64_t used = fixed + tr_mem_margin(mid);
+        const uint64_t share = mid > used ? mid - used : 0;
+        if (!ws_given) t.ws_bytes = auto_ws(share, rec);
+        const uint64_t d = tr_kv_dram_bytes(shape, &t);
+        if (d && d <= share) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* --kv-policy auto: full while its KV fits the share of the memory budget the weights, the
+ * scratch and a margin leave (--kv-hot, when given, is that share); else tiered with the largest
+ * hot pool whose whole plan (hot pool, working set, key copy, bookkeeping) fits the share */
+static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_dir, char *dir,
+                           size_t dir_cap, char *note, size_t note_cap, tr_mem_plan *pl,
+                           tr_error *err) {
+    tr_scratch dummy;
+    const uint64_t scratch =
+        scratch_plan(m, p->n_batch, p->kv.policy == TR_KV_TIERED && p->kv.spec, NULL, &dummy);
+    const int32_t nl = m->hp.n_layer;
+    int32_t *heads = malloc(sizeof(int32_t) * 2 * (size_t)nl);
+    if (!heads) return tr_fail(err, TR_E_NOMEM, "out of memory");
+    const tr_kv_shape shape = kv_shape(m, p->n_ctx, heads, heads + nl);
+    tr_kv_params kp = kv_params(m, p);
+    /* the weights that stay resident: the dense ones and the expert cache's arena, or all */
+    tr_model_stats ms;
+    tr_model_get_stats((tr_model *)m, &ms);
+    const uint64_t weights = ms.moe && ms.expert_cache ? m->dense_bytes + ms.expert_budget_bytes
+                                                       : m->weight_bytes;
+    const uint64_t margin = tr_mem_margin(m->mem_cap);
+    const uint64_t used = weights + scratch + margin;
+    const uint64_t share = kp.hot_bytes ? kp.hot_bytes : m->mem_cap > used ? m->mem_cap - used : 0;
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
+    tr_kv_params full = kp;
+    full.policy = TR_KV_FULL;
+    full.hot_bytes = 0;
+    const uint64_t need = tr_kv_dram_bytes(&shape, &full);
+    tr_status st = TR_OK;
+    *pl = (tr_mem_plan){.cap_bytes = m->mem_cap,
+                        .cap_source = m->mem_source,
+                        .weight_bytes = ms.moe && ms.expert_cache ? m->dense_bytes : m->weight_bytes,
+                        .expert_cache_bytes = ms.moe && ms.expert_cache ? ms.expert_budget_bytes : 0,
+                        .kv_full_bytes = need,
+                        .scratch_bytes = scratch,
+                        .margin_bytes = margin,
+                        .n_ctx = p->n_ctx,
+                        .n_batch = p->n_batch};
+    if (pl->expert_cache_bytes < m->expert_total_bytes)
+        pl->expert_spill_bytes = ms.moe && ms.expert_cache ? m->expert_total_bytes - pl->expert_cache_bytes : 0;
+    if (p->kv.policy != TR_KV_AUTO) goto planned;
+    const char *why = kp.hot_bytes ? "--kv-hot" : "its share of the memory budget";
+    if (need && need <= share) {
+        p->kv.policy = TR_KV_FULL;
+        p->kv.hot_bytes = 0;
+        snprintf(note, note_cap, "kv cache auto: full, the KV of %d tokens (%s) fits %s (%s)",
+                 p->n_ctx, mib(need, b1, sizeof b1), why, mib(share, b2, sizeof b2));
+        goto planned;
+    }
+    tr_kv_params t = kp;
+    t.policy = TR_KV_TIERED;
+    if (!t.cold_dir) t.cold_dir = "."; /* sizing only */
+    const uint64_t rec = (uint64_t)shape.n_head_kv * (uint64_t)(shape.head_dim_k + shape.head_dim_v) * 2;
+    const uint64_t per_slot = (uint64_t)nl * rec;
+    const bool ws_given = t.ws_bytes != 0;
+    if (!ws_given) t.ws_bytes = auto_ws(share, rec);
+    /* the largest hot pool whose plan fits: the plan grows with the hot pool */
+    uint64_t lo = (uint64_t)kp.n_sink + 16, hi = (uint64_t)p->n_ctx - 1, best = 0;
+    while (lo <= hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        t.hot_bytes = mid * per_slot;
+        const uint64_t d = tr_kv_dram_bytes(&shape, &t);
+        if (d && d <= share) {
+            best = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if (!best) {
+        t.hot_bytes = ((uint64_t)kp.n_sink + 16) * per_slot;
+        const uint64_t min = tr_kv_dram_bytes(&shape, &t);
+        char b8[32];
+        if (kp.hot_bytes)
+            st = tr_fail(err, TR_E_BUDGET,
+                         "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
+                         "cold pool; --kv-hot gives it %s: raise --kv-hot or lower -c (without "
+                         "--kv-hot the share is what --mem-budget leaves)",
+                         p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2),
+                         mib(share, b3, sizeof b3));
+        else
+            st = tr_fail(err, TR_E_BUDGET,
+                         "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
+                         "cold pool; %s leaves %s (memory budget %s from %s - weights %s - scratch %s "
+                         "- margin %s): the least --mem-budget for this context is %s; raise "
+                         "--mem-budget or lower -c",
+                         p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2), why,
+                         mib(share, b3, sizeof b3), mib(m->mem_cap, b4, sizeof b4), m->mem_source,
+                         mib(weights, b5, sizeof b5), mib(scratch, b6, sizeof b6),
+                         mib(margin, b7, sizeof b7),
+                         mib(tenth_mib_up(auto_min_cap(&shape, t, weights + scratch, rec, ws_given, need)),
+                             b8, sizeof b8));
+        goto out;
+    }
+    p->kv.policy = TR_KV_TIERED;
+    p->kv.hot_bytes = best * per_slot;
+    p->kv.ws_bytes = t.ws_bytes;
+    if (!p->kv.cold_dir) {
+        if ((st = auto_cold_dir(dir, dir_cap, make_dir, err))) goto out;
+        p->kv.cold_dir = dir;
+    }
+    snprintf(note, note_cap,
+             "kv cache auto: the KV of %d tokens (%s) does not fit %s (%s): tiered, hot pool %s "
+             "(%" PRIu64 " of %d tokens per layer), the rest in a cold pool under %s%s",
+             p->n_ctx, mib(need, b1, sizeof b1), why, mib(share, b2, sizeof b2),
+             mib(p->kv.hot_bytes, b3, sizeof b3), best, p->n_ctx, p->kv.cold_dir,
+             p->kv.keep ? " (kept)" : " (removed at exit)");
+planned: {
+    /* what the resolved policy takes */
+    tr_kv_params r = kv_params(m, p);
+    if (r.policy != TR_KV_FULL && !r.cold_dir) r.cold_dir = ".";
+    pl->kv_policy = r.policy;
+    pl->kv_bytes = tr_kv_dram_bytes(&shape, &r);
+    pl->kv_hot_bytes = r.policy == TR_KV_FULL ? need : r.hot_bytes ? r.hot_bytes : need;
+    pl->kv_cold_bytes = tr_kv_cold_bytes_needed(&shape, &r);
+    pl->total_bytes = pl->weight_bytes + pl->expert_cache_bytes + pl->kv_bytes + pl->scratch_bytes +
+                      pl->margin_bytes;
+    /* a budget the user gave is a promise: a plan over it is refused (an estimated cap, from the
+     * cgroup or MemAvailable, only shows the plan as over it) */
+    if (pl->total_bytes > m->mem_cap && !strcmp(m->mem_source, "--mem-budget")) {
+        char c1[32], c2[32];
+        st = tr_fail(err, TR_E_BUDGET,
+                     "--mem-budget %s cannot hold the plan: weights %s + KV %s (%s, %d tokens) + "
+                     "scratch %s + margin = %s; the least --mem-budget for it is %s (or lower -c, "
+                     "or let the KV spill: --kv-policy auto, or a smaller --kv-hot)",
+                     mib(m->mem_cap, b1, sizeof b1), mib(pl->weight_bytes + pl->expert_cache_bytes, b2, sizeof b2),
+                     mib(pl->kv_bytes, b3, sizeof b3), tr_kv_policy_name(pl->kv_policy), p->n_ctx,
+                     mib(pl->scratch_bytes, b4, sizeof b4), mib(pl->total_bytes, c1, sizeof c1),
+                     mib(tenth_mib_up(min_cap(pl->total_bytes - pl->margin_bytes)), c2, sizeof c2));
+    }
+}
+out:
+    free(heads);
+    return st;
+}
+
 tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_session **out,
                             tr_error *err) {
     *out = NULL;
@@ -215,6 +432,14 @@ tr_status tr_session_create(tr_model *m, const tr_session_params *params, tr_ses
     s->m = m;
     s->n_ctx = p.n_ctx;
     s->n_batch = p.n_batch;
+    char auto_dir[4096];
+    tr_status ast = make_plan(m, &p, true, auto_dir, sizeof auto_dir, s->kv_note,
+                              sizeof s->kv_note, &s->plan, err);
+    if (ast) {
+        free(s);
+        return ast;
+    }
+    s->kv_policy = p.kv.policy;
     tr_status kst = create_kv(m, &p, &s->kv, err);
     if (kst) {
         tr_session_free(s);
@@ -254,6 +479,19 @@ uint64_t tr_session_bytes(const tr_session *s) {
 int32_t tr_session_n_ctx(const tr_session *s) { return s->n_ctx; }
 int32_t tr_session_n_past(const tr_session *s) { return s->n_past; }
 int32_t tr_session_n_batch(const tr_session *s) { return s->n_batch; }
+tr_kv_policy tr_session_kv_policy(const tr_session *s) { return s->kv_policy; }
+void tr_session_get_plan(const tr_session *s, tr_mem_plan *out) { *out = s->plan; }
+
+tr_status tr_session_plan(tr_model *m, const tr_session_params *params, tr_mem_plan *out,
+                          tr_error *err) {
+    tr_session_params p = params ? *params : tr_session_default_params();
+    resolve_params(m, &p);
+    if (p.n_ctx > (1 << 24))
+        return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
+    char dir[4096], note[768];
+    return make_plan(m, &p, false, dir, sizeof dir, note, sizeof note, out, err);
+}
+const char *tr_session_kv_note(const tr_session *s) { return s->kv_note; }
 
 void tr_session_set_abort(tr_session *s, tr_abort_fn fn, void *user) {
     s->abort_fn = fn;

@@ -53,6 +53,9 @@ struct tr_session {
     void *abort_user;
     void *scratch_mem;
     uint64_t bytes; /* scratch, and the full policy's arrays */
+    tr_kv_policy kv_policy; /* in effect (auto resolved) */
+    char kv_note[768];      /* what auto chose and why ("" otherwise) */
+    tr_mem_plan plan;       /* the memory plan it was created with */
 };
 
 /* KV + scratch bytes of a session with default parameters (for budgets computed at load) */

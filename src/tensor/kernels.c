@@ -187,8 +187,95 @@ void tr_axpy_f16_ref(int64_t n, float *restrict out, const uint16_t *restrict v,
     for (int64_t d = 0; d < n; d++) out[d] += p * tr_f16_to_f32(v[d]);
 }
 
+tr_attn_fn tr_attn_f16_of(const tr_kernels *k) {
+    return k->attn_f16 ? k->attn_f16 : tr_attn_f16_ref;
+}
+
 tr_axpy_f16_fn tr_axpy_f16_of(const tr_kernels *k) {
     return k->axpy_f16 ? k->axpy_f16 : tr_axpy_f16_ref;
+}
+
+/* ------------------------------------------------------------------ gemm activation layout */
+
+static const tr_gemm_traits k_gemm_traits[TR_TYPE_COUNT] = {
+    [TR_TYPE_F32] = {1, 0, false},     [TR_TYPE_F16] = {1, 0, false},
+    [TR_TYPE_BF16] = {1, 0, false},    [TR_TYPE_Q4_0] = {32, 8, false},
+    [TR_TYPE_Q4_1] = {32, 0, true},    [TR_TYPE_Q5_0] = {32, 16, false},
+    [TR_TYPE_Q5_1] = {32, 0, true},    [TR_TYPE_Q8_0] = {32, 128, false},
+    [TR_TYPE_IQ4_NL] = {32, 128, false}, [TR_TYPE_MXFP4] = {32, 12, false},
+    [TR_TYPE_Q2_K] = {16, 0, true},    [TR_TYPE_Q3_K] = {16, 4, false},
+    [TR_TYPE_Q4_K] = {32, 0, true},    [TR_TYPE_Q5_K] = {32, 0, true},
+    [TR_TYPE_Q6_K] = {16, 32, false},  [TR_TYPE_IQ4_XS] = {32, 128, false},
+};
+
+const tr_gemm_traits *tr_gemm_traits_of(tr_type t) {
+    static const tr_gemm_traits none = {0, 0, false};
+    return (unsigned)t < TR_TYPE_COUNT && k_gemm_traits[t].sub ? &k_gemm_traits[t] : &none;
+}
+
+static bool gemm_float(tr_type t) { return tr_gemm_traits_of(t)->sub == 1; }
+
+tr_gemm_act_parts tr_gemm_act_parts_of(tr_type t, int64_t K) {
+    const int64_t ab = tr_traits(t)->vec_dot_type == TR_TYPE_Q8_K ? TR_QK_K : TR_QK32;
+    const int64_t ns = K / tr_gemm_traits_of(t)->sub;
+    tr_gemm_act_parts p;
+    p.d = (size_t)K;
+    p.corr = p.d + 4 * (size_t)(K / ab);
+    p.mf = p.corr + 4 * (size_t)ns;
+    return p;
+}
+
+size_t tr_gemm_act_bytes(tr_type t, int64_t K) {
+    const tr_gemm_traits *g = tr_gemm_traits_of(t);
+    if (!g->sub) return 0;
+    const size_t bytes =
+        gemm_float(t) ? 4 * (size_t)K : tr_gemm_act_parts_of(t, K).mf + 4 * (size_t)(K / g->sub);
+    return (bytes + 63) & ~(size_t)63;
+}
+
+void tr_gemm_act_row(tr_type t, int64_t K, const float *x, const void *aq, void *out) {
+    const tr_gemm_traits *g = tr_gemm_traits_of(t);
+    if (gemm_float(t)) {
+        float *y = out;
+        for (int64_t i = 0; i < K; i++)
+            y[i] = t == TR_TYPE_F16    ? tr_f16_to_f32(tr_f32_to_f16(x[i]))
+                   : t == TR_TYPE_BF16 ? tr_bf16_to_f32(tr_f32_to_bf16(x[i]))
+                                       : x[i];
+        return;
+    }
+    const tr_gemm_act_parts p = tr_gemm_act_parts_of(t, K);
+    int8_t *codes = out;
+    float *d = (float *)((char *)out + p.d), *mf = (float *)((char *)out + p.mf);
+    int32_t *corr = (int32_t *)((char *)out + p.corr);
+    const int64_t ns = K / g->sub;
+    const tr_type vt = tr_traits(t)->vec_dot_type;
+    for (int64_t s = 0; s < ns; s++) {
+        const int64_t e = s * g->sub; /* first element of the sub-block */
+        int sum;
+        float dd = 1.0f, second = 0.0f;
+        if (vt == TR_TYPE_Q8_K) {
+            const tr_blk_q8_k *b = (const tr_blk_q8_k *)aq + e / TR_QK_K;
+            const int64_t j = e % TR_QK_K;
+            memcpy(codes + e, b->qs + j, (size_t)g->sub);
+            sum = b->bsums[j / 16] + (g->sub == 32 ? b->bsums[j / 16 + 1] : 0);
+            if (j == 0) d[e / TR_QK_K] = b->d;
+            dd = b->d;
+        } else {
+            /* Q8_0 and Q8_1 blocks both start with d; Q8_1 has s next, then the codes */
+            const char *b = (const char *)aq + (size_t)(e / TR_QK32) * tr_traits(vt)->bytes;
+            const int8_t *qs = vt == TR_TYPE_Q8_1 ? ((const tr_blk_q8_1 *)b)->qs
+                                                  : ((const tr_blk_q8_0 *)b)->qs;
+            memcpy(codes + e, qs, TR_QK32);
+            uint16_t h[2];
+            memcpy(h, b, sizeof h);
+            d[e / TR_QK32] = tr_f16_to_f32(h[0]);
+            sum = 0;
+            for (int i = 0; i < TR_QK32; i++) sum += qs[i];
+            if (vt == TR_TYPE_Q8_1) second = tr_f16_to_f32(h[1]);
+        }
+        corr[s] = -g->off * sum;
+        mf[s] = !g->min ? 0.0f : vt == TR_TYPE_Q8_K ? dd * (float)sum : second;
+    }
 }
 
 const tr_kernels *tr_kernels_best(void) {

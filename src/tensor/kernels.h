@@ -59,6 +59,81 @@ typedef void (*tr_axpy_rows_fn)(int64_t n_el, int64_t n, int nw, float *restrict
  * so every family gives the reference's bits. NULL in a family: tr_axpy_f16_ref. */
 typedef void (*tr_axpy_f16_fn)(int64_t n, float *restrict out, const uint16_t *restrict v, float p);
 
+/* ------------------------------------------------------------ matrix-matrix products (prefill)
+ * With many activation rows at once (a prompt), a family may compute a whole matrix product
+ * with gemm[t]: it decodes a panel of weight rows at a time, on the fly, into a form its inner
+ * loop takes directly (unsigned 8-bit codes with one float scale per sub-block, or f32 for the
+ * float types), keeps the panel in cache while every activation row passes over it, and never
+ * writes a second copy of the weights (the model stays as mapped from the GGUF).
+ *
+ * Activations come in a layout of their own, built once per product by tr_gemm_act_row from
+ * the rows the reference quantizer made (so the values are exactly those vec_dot would see):
+ *   quantized vec_dot types (Q8_0, Q8_1, Q8_K), per row of K elements:
+ *     int8 codes[K] | float d[K / ab] | int32 corr[K / sub] | float mf[K / sub]
+ *   with ab the activation block (32, or 256 for Q8_K), sub the weight type's sub-block
+ *   (tr_gemm_traits), corr[s] = -off · Σ codes of sub-block s (the weight codes are stored
+ *   value + off) and mf[s] the min term's multiplier: the block's stored s for Q8_1, d · Σ codes
+ *   of the sub-block for Q8_K; parts a type does not use are zero;
+ *   float vec_dot types (F32, F16, BF16): float x[K], the values rounded to the vec_dot type.
+ * Rows are tr_gemm_act_bytes apart (a multiple of 64). */
+typedef struct tr_gemm_traits {
+    int sub;  /* elements per weight scale (16 or 32; 1 for the float types); 0: no gemm form */
+    int off;  /* unsigned code = value + off */
+    bool min; /* a min term per sub-block (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) */
+} tr_gemm_traits;
+
+const tr_gemm_traits *tr_gemm_traits_of(tr_type t);
+/* byte offsets of d, corr and mf in a quantized activation row of the gemm layout */
+typedef struct tr_gemm_act_parts {
+    size_t d, corr, mf;
+} tr_gemm_act_parts;
+tr_gemm_act_parts tr_gemm_act_parts_of(tr_type t, int64_t K);
+/* bytes of one activation row in the gemm layout for weights of type t (0: no gemm form) */
+size_t tr_gemm_act_bytes(tr_type t, int64_t K);
+/* one activation row in the gemm layout: from the row quantized to t's vec_dot_type (aq), or,
+ * for the float types, from the f32 row x (aq unused) */
+void tr_gemm_act_row(tr_type t, int64_t K, const float *x, const void *aq, void *out);
+
+/* y[m * y_stride + r] = dot(weight row r, activation row m) for r < n_rows, m < M: weight rows
+ * of type t row_bytes apart (any alignment), activation rows in the gemm layout act_stride
+ * bytes apart */
+typedef void (*tr_gemm_fn)(int64_t K, int64_t n_rows, int64_t M, float *restrict y,
+                           size_t y_stride, const void *restrict w, size_t row_bytes,
+                           const void *restrict act, size_t act_stride);
+
+/* ------------------------------------------------------------ attention over F16 K/V
+ * Softmax attention of up to TR_ATTN_MAX_Q query vectors (the query heads of one KV head, at
+ * several positions) against one KV head's F16 keys and values, with llama.cpp's non-flash
+ * roundings (what the parity references hold): each query rounded to F16, scores
+ * q·k · scale in f32, exp(s - max) summed in double (a sink adds exp(sink - max) and takes part
+ * in the max), probabilities e / sum rounded to F16, outputs Σ p·v in f32. A family's kernel
+ * tiles it: each block of TR_ATTN_KB keys and values is converted to f32 once for all the
+ * queries, and the scores of the tile stay in cache between the passes. */
+#define TR_ATTN_MAX_Q 16
+#define TR_ATTN_KB 64
+
+typedef struct tr_attn_q {
+    const float *q; /* hd_k values */
+    float *out;     /* hd_v values */
+    int32_t lo, hi; /* the visible keys: positions lo..hi */
+    float sink;     /* extra logit in the softmax's denominator; -INFINITY: none */
+} tr_attn_q;
+
+typedef struct tr_attn_kv {
+    const uint16_t *k; /* K(t, d) = k[t * k_pos + d] */
+    size_t k_pos;
+    const uint16_t *v; /* V(t, d) = v[t * v_pos + d * v_dim] (rows, or transposed) */
+    size_t v_pos, v_dim;
+    int32_t hd_k, hd_v;
+    float scale;
+} tr_attn_kv;
+
+typedef void (*tr_attn_fn)(int n_q, const tr_attn_q *q, const tr_attn_kv *kv, float *scratch);
+/* floats of scratch one call needs when no query sees more than n_keys keys (64-byte aligned) */
+size_t tr_attn_scratch_floats(int32_t n_keys, int32_t hd_k, int32_t hd_v);
+/* the scalar reference, one query at a time */
+void tr_attn_f16_ref(int n_q, const tr_attn_q *q, const tr_attn_kv *kv, float *scratch);
+
 typedef struct tr_kernels {
     const char *isa; /* "scalar", "avx2", "avx512", "neon", "dotprod", "i8mm" */
     tr_vec_dot_fn vec_dot[TR_TYPE_COUNT];
@@ -70,6 +145,16 @@ typedef struct tr_kernels {
     tr_dot_rows_fn dot_rows[TR_TYPE_COUNT];  /* optional: Q4_0, Q8_0 weight rows */
     tr_axpy_rows_fn axpy_rows[TR_TYPE_COUNT]; /* optional: Q4_0, Q8_0 rows */
     tr_axpy_f16_fn axpy_f16;                  /* optional */
+    /* optional (NULL: vec_dot_nc per row); used from gemm_min_m activation rows on, split
+     * between threads in units of gemm_rows weight rows */
+    tr_gemm_fn gemm[TR_TYPE_COUNT];
+    int gemm_rows, gemm_min_m;
+    tr_attn_fn attn_f16; /* optional (NULL: tr_attn_f16_ref) */
+    /* optional element-wise ops of the forward pass (NULL: the tr_*_ref below): y = x / sqrt(mean(x²) + eps) · w (w may be NULL);
+     * g = silu(g) · u; g = gelu(g) · u with GELU from an F16 table (65536 entries + padding) */
+    void (*rmsnorm)(float *y, const float *x, const float *w, int64_t n, float eps);
+    void (*swiglu)(float *g, const float *u, int64_t n);
+    void (*geglu)(float *g, const float *u, int64_t n, const uint16_t *table);
     tr_vec_dot_2r_fn vec_dot_2r[TR_TYPE_COUNT]; /* optional: two weight rows at once */
 } tr_kernels;
 
@@ -90,6 +175,16 @@ void tr_axpy_rows(const tr_kernels *k, tr_type t, int64_t n_el, int64_t n, int n
 /* the scalar reference of axpy_f16, and k->axpy_f16 where the family has one */
 void tr_axpy_f16_ref(int64_t n, float *restrict out, const uint16_t *restrict v, float p);
 tr_axpy_f16_fn tr_axpy_f16_of(const tr_kernels *k);
+
+/* the element-wise kernels' scalar references (src/tensor/ew.c) */
+void tr_rmsnorm_ref(float *y, const float *x, const float *w, int64_t n, float eps);
+void tr_swiglu_ref(float *g, const float *u, int64_t n);
+void tr_geglu_ref(float *g, const float *u, int64_t n, const uint16_t *table);
+/* GELU of x from the table, as tr_geglu_ref applies it */
+float tr_gelu_lookup(float x, const uint16_t *table);
+
+/* k->attn_f16 where the family has one, else the reference */
+tr_attn_fn tr_attn_f16_of(const tr_kernels *k);
 
 /* the best family this CPU runs (lowered by TERRACE_ISA); initialised once, thread-safe */
 const tr_kernels *tr_kernels_best(void);

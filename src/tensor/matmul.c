@@ -10,9 +10,18 @@ static size_t xq_bytes(tr_type vt, int64_t K, int64_t M) {
     return (tr_type_row_bytes(vt, K) * (size_t)M + 63) & ~(size_t)63;
 }
 
+/* the larger of the two layouts that follow the quantized rows: side tables, or the gemm
+ * activation rows (kernels.h) */
+static size_t after_xq_bytes(tr_type t, int64_t K, int64_t M) {
+    const tr_type vt = tr_traits(t)->vec_dot_type;
+    const size_t side = side_floats(vt, K) * sizeof(float) * (size_t)M;
+    const size_t gemm = tr_gemm_act_bytes(t, K) * (size_t)M;
+    return side > gemm ? side : gemm;
+}
+
 size_t tr_matmul_scratch_size(tr_type t, int64_t K, int64_t M) {
     const tr_type vt = tr_traits(t)->vec_dot_type;
-    return xq_bytes(vt, K, M) + side_floats(vt, K) * sizeof(float) * (size_t)M + 64;
+    return xq_bytes(vt, K, M) + after_xq_bytes(t, K, M) + 64;
 }
 
 typedef struct mm_job {
@@ -28,12 +37,25 @@ typedef struct mm_job {
     size_t side_row;
     atomic_int_fast64_t next; /* dynamic row chunks: VM cores run at uneven speeds */
     int64_t chunk;
+    char *ga; /* gemm activation rows, ga_row bytes apart; NULL: the vec_dot path */
+    size_t ga_row;
 } mm_job;
 
 static void quantize_task(void *ctx, int ith, int nth) {
     mm_job *j = ctx;
     const int64_t K = j->W->n_in;
     const tr_from_float_fn q = j->k->from_float[j->vt];
+    if (j->ga) { /* gemm: the quantized row, then its gemm layout (float types: from x) */
+        int64_t b, e;
+        tr_split_range(j->M, ith, nth, &b, &e);
+        const bool flt = tr_gemm_traits_of(j->W->type)->sub == 1;
+        for (int64_t m = b; m < e; m++) {
+            char *aq = j->xq + (size_t)m * j->xq_row;
+            if (!flt) q(j->x + m * K, aq, K);
+            tr_gemm_act_row(j->W->type, K, j->x + m * K, aq, j->ga + (size_t)m * j->ga_row);
+        }
+        return;
+    }
     if (j->M >= nth) {
         int64_t b, e;
         tr_split_range(j->M, ith, nth, &b, &e);
@@ -112,6 +134,19 @@ static void dot_task(void *ctx, int ith, int nth) {
     }
 }
 
+/* gemm: row chunks of gemm_rows (a panel multiple), claimed as they free up */
+static void gemm_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    mm_job *j = ctx;
+    const tr_mat *W = j->W;
+    const tr_gemm_fn g = j->k->gemm[W->type];
+    int64_t b, e;
+    while (tr_claim(&j->next, W->n_out, j->chunk, &b, &e))
+        g(W->n_in, e - b, j->M, j->y + b, (size_t)W->n_out,
+          (const char *)W->data + (size_t)b * W->row_bytes, W->row_bytes, j->ga, j->ga_row);
+}
+
 void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x, int64_t M,
                float *y, void *scratch) {
     mm_job j = {
@@ -124,6 +159,28 @@ void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const flo
         .vt = tr_traits(W->type)->vec_dot_type,
     };
     j.xq_row = tr_type_row_bytes(j.vt, W->n_in);
+    const int nth = pool ? tr_pool_size(pool) : 1;
+    if (j.k->gemm[W->type] && M >= j.k->gemm_min_m) {
+        /* the gemm rows follow the quantized rows (the 64 spare bytes cover the alignment) */
+        const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);
+        j.ga = (char *)((at + 63) & ~(uintptr_t)63);
+        j.ga_row = tr_gemm_act_bytes(W->type, W->n_in);
+        atomic_init(&j.next, 0);
+        /* chunks of panels: a few per thread, so uneven cores still finish together */
+        const int64_t unit = j.k->gemm_rows;
+        const int64_t units = (W->n_out + unit - 1) / unit;
+        int64_t per = units / ((int64_t)nth * 4);
+        if (per < 1) per = 1;
+        j.chunk = per * unit;
+        if (pool) {
+            tr_pool_run(pool, quantize_task, &j);
+            tr_pool_run(pool, gemm_task, &j);
+        } else {
+            quantize_task(&j, 0, 1);
+            gemm_task(&j, 0, 1);
+        }
+        return;
+    }
     if (j.k->vec_dot_side[W->type] && j.k->act_side[j.vt] && side_floats(j.vt, W->n_in)) {
         /* the 64 spare bytes of the scratch size cover this alignment */
         const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);
@@ -131,7 +188,6 @@ void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const flo
         j.side_row = side_floats(j.vt, W->n_in);
     }
     atomic_init(&j.next, 0);
-    const int nth = pool ? tr_pool_size(pool) : 1;
     /* ~8 chunks per thread balances uneven cores without contending on the counter */
     j.chunk = W->n_out / (nth * 8);
     if (j.chunk < 1) j.chunk = 1;

@@ -4,6 +4,8 @@
  */
 #include "terrace_seam.h"
 
+#include <string.h>
+
 #include "core/pool.h"
 #include "tensor/fp16.h"
 #include "tensor/kernels.h"
@@ -21,6 +23,23 @@ void tr_seam_matvec(tr_pool *pool, const tr_kernels *k, tr_type t, const void *w
                     int64_t n_in, int64_t n_out, const float *x, float *y, void *scratch) {
     const tr_mat mat = {.type = t, .n_in = n_in, .n_out = n_out, .data = w, .row_bytes = row_bytes};
     tr_matmul(pool, k, &mat, x, 1, y, scratch);
+}
+
+size_t tr_seam_matmul_scratch(tr_type t, int64_t n_in, int64_t M) {
+    return tr_matmul_scratch_size(t, n_in, M);
+}
+
+void tr_seam_matmul(tr_pool *pool, const tr_kernels *k, bool gemm, tr_type t, const void *w,
+                    size_t row_bytes, int64_t n_in, int64_t n_out, const float *x, int64_t M,
+                    float *y, void *scratch) {
+    const tr_mat mat = {.type = t, .n_in = n_in, .n_out = n_out, .data = w, .row_bytes = row_bytes};
+    if (gemm) {
+        tr_matmul(pool, k, &mat, x, M, y, scratch);
+        return;
+    }
+    tr_kernels rowk = *k; /* the same family without its gemm: the per-row path */
+    memset(rowk.gemm, 0, sizeof rowk.gemm);
+    tr_matmul(pool, &rowk, &mat, x, M, y, scratch);
 }
 
 void tr_seam_pool_run(tr_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx) {

@@ -5,6 +5,7 @@ problem (and, where it helps, the fix), without a crash — run against the ASan
 usage: test_cli_errors.py TERRACE
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,43 @@ def main():
         expect("--kv-tail without tiered", ["run", "-m", good, "-p", "x", "--kv-policy", "quest",
                                             "--kv-tail", "4"], 2,
                ["--kv-tail applies to --kv-policy tiered", "the policy is quest"])
+        expect("auto: budget too small", ["run", "-m", good, "-p", "x", "--mem-budget", "1M"], 1,
+               ["kv cache auto", "the least --mem-budget for this context is", "lower -c"])
+        expect("full over --mem-budget", ["run", "-m", good, "-p", "x", "-c", "2048", "--kv-policy",
+                                          "full", "--mem-budget", "12M"], 1,
+               ["--mem-budget 12.0 MiB cannot hold the plan", "the least --mem-budget for it is",
+                "--kv-policy auto"])
+        # the plan, printed before anything is allocated: with room the KV is full, in a tight
+        # budget it spills to a cold pool; inspect --plan is run --dry-run. The tight budget is the
+        # least one the refusal above names for this context (where a cold pool is needed, as the
+        # full KV does not fit then), so the test follows the kernels' scratch and the KV's layout.
+        rc, out, err = run(["run", "--dry-run", "-m", good, "-c", "2048", "--mem-budget", "1M"])
+        least = re.search(r"the least --mem-budget for this context is ([0-9.]+) MiB", err)
+        check(rc == 1 and least, f"dry-run at 1M names no least budget: rc {rc}: {out}{err}")
+        tight = f"{least.group(1)}M" if least else "16M"
+        for cmd in (["run", "--dry-run"], ["inspect", "--plan"]):
+            for budget in ("64M", tight):
+                rc, out, err = run([*cmd, "-m", good, "-c", "2048", "--mem-budget", budget])
+                mib = float(budget[:-1])
+                want = [f"budget {mib:.1f} MiB (--mem-budget)", "weights", "expert cache", "scratch",
+                        "margin", "experts left on storage"]
+                kv = re.search(r"KV ([0-9.]+) MiB \(full\)", out)
+                if budget == "64M":  # the whole KV in DRAM, as much as the full plan says
+                    want += ["(full)", f"hot in DRAM {kv.group(1)} MiB" if kv else "KV (full)"]
+                else:
+                    want += ["(tiered)", "cold pool on storage"]
+                missing = [w for w in want if w not in out]
+                check(rc == 0 and not missing and "OVER" not in out,
+                      f"{' '.join(cmd)} --mem-budget {budget}: rc {rc}, missing {missing}: {out}{err}")
+                print(f"  {' '.join(cmd)} {budget:8s} rc={rc}  {out.strip().splitlines()[0][:120] if out.strip() else err[:120]}")
+        # auto spills past its share (--kv-hot) into $XDG_CACHE_HOME/terrace and says so; the
+        # cold pool's files go at exit
+        os.environ["XDG_CACHE_HOME"] = p("xdg")
+        expect("auto spills and says so", ["run", "-m", good, "-p", "x y z", "-n", "2", "-c", "2048",
+                                           "--kv-hot", "1500K"], 0,
+               ["kv cache auto", "tiered", p("xdg/terrace"), "removed at exit"])
+        check(os.listdir(p("xdg/terrace")) == [], "auto left files in its cold directory")
+        del os.environ["XDG_CACHE_HOME"]
         expect("no prompt", ["run", "-m", good], 2, ["no prompt"])
         expect("unknown command", ["frobnicate"], 2, ["unknown command"])
         expect("chat: no template", ["chat", "-m", good, "-p", "hi"], 1, ["--chat-template"])

@@ -296,11 +296,14 @@ def main():
                   ["warning", "100000 tokens", f"{synth.CTX}", "trained", "MiB"])
         expect("--expert-cache 0", ["run", "-m", moe, "-p", "hi", "--expert-cache", "0"],
                ["--expert-cache 0", "auto", "min"], rc=2)
-        for flags, words in ((["--kv-cold", tmp], ["--kv-cold", "offload, h2o, quest or tiered",
-                                                   "the policy is full"]),
-                             (["--kv-hot", "1G"], ["--kv-hot", "the policy is full"]),
-                             (["--kv-alpha", "0.2"], ["--kv-alpha", "h2o, quest or tiered"]),
-                             (["--csd"], ["--csd", "tiered", "the policy is full"]),
+        full = ["--kv-policy", "full"]
+        for flags, words in (([*full, "--kv-cold", tmp], ["--kv-cold", "offload, h2o, quest, tiered or auto",
+                                                          "the policy is full"]),
+                             ([*full, "--kv-hot", "1G"], ["--kv-hot", "the policy is full"]),
+                             ([*full, "--kv-alpha", "0.2"], ["--kv-alpha", "h2o, quest, tiered or auto"]),
+                             ([*full, "--csd"], ["--csd", "tiered or auto", "the policy is full"]),
+                             (["--csd"], ["--csd needs a cold pool"]),
+                             (["--kv-keep"], ["--kv-keep needs --kv-cold"]),
                              (["--kv-policy", "offload", "--kv-alpha", "0.2"],
                               ["--kv-alpha", "the policy is offload"]),
                              (["--kv-policy", "h2o", "--kv-hot", "64K", "--kv-cold", tmp, "--csd"],
@@ -313,7 +316,7 @@ def main():
                               ["--kv-tail-min needs --kv-tail"])):
             expect(" ".join(flags).replace(tmp, "DIR"), ["run", "-m", dense, "-p", "hi", *flags],
                    words, rc=2)
-        for flag in (["--expert-cache", "1G"], ["--experts", "mmap"], ["--mem-budget", "1G"],
+        for flag in (["--expert-cache", "1G"], ["--experts", "mmap"],
                      ["--expert-policy", "lru"], ["--route-trace", p("t.csv")]):
             expect(f"{flag[0]} on a dense model", ["run", "-m", dense, "-p", "hi", *flag],
                    [flag[0], "mixture-of-experts", "dense"], rc=2)

@@ -7,6 +7,9 @@
 
 #if defined(__x86_64__)
 
+#include "tensor/x86/attn_x86.h"
+#include "tensor/x86/ew_x86.h"
+#include "tensor/x86/gemm_x86.h"
 #include "tensor/x86/simd_common.h"
 #include "tensor/x86/ymm_float.h"
 #include "tensor/x86/ymm_kquants.h"
@@ -46,6 +49,31 @@ static void avx2_quant_q8_0(const float *restrict x, void *restrict vy, int64_t 
         __m256i q[4];
         for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
         _mm256_storeu_si256((__m256i *)y[b].qs, pack_i32x32_to_i8(q[0], q[1], q[2], q[3]));
+    }
+}
+
+/* Same arithmetic as tr_quant_q8_1: d = amax/127, id = 1/d (not 127/amax as for Q8_0), codes
+ * x·id rounded to nearest even, s = d·Σcodes rounded to F16 by the scalar routine. */
+static void avx2_quant_q8_1(const float *restrict x, void *restrict vy, int64_t n) {
+    tr_blk_q8_1 *y = vy;
+    for (int64_t b = 0; b < n / TR_QK32; b++, x += TR_QK32) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
+        const __m256 m = _mm256_max_ps(_mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])),
+                                       _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3])));
+        const float amax = hmax_ps256(m);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
+        const __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+        _mm256_storeu_si256((__m256i *)y[b].qs, pack_i32x32_to_i8(q[0], q[1], q[2], q[3]));
+        y[b].d = tr_f32_to_f16(d);
+        y[b].s = tr_f32_to_f16((float)_mm_cvtsi128_si32(s) * d);
     }
 }
 
@@ -140,8 +168,14 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
     k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;
     k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
     k->from_float[TR_TYPE_Q8_0] = avx2_quant_q8_0;
+    k->from_float[TR_TYPE_Q8_1] = avx2_quant_q8_1;
     k->from_float[TR_TYPE_Q8_K] = avx2_quant_q8_k;
     k->axpy_f16 = ymm_axpy_f16;
+    gm_fill(k);
+    k->attn_f16 = av_attn_f16;
+    k->rmsnorm = av_rmsnorm;
+    k->swiglu = av_swiglu;
+    k->geglu = av_geglu;
 }
 
 #else

@@ -15,6 +15,9 @@
 
 #if defined(__x86_64__)
 
+#include "tensor/x86/attn_x86.h"
+#include "tensor/x86/ew_x86.h"
+#include "tensor/x86/gemm_x86.h"
 #include "tensor/x86/simd_common.h"
 #include "tensor/x86/ymm_float.h"
 #include "tensor/x86/ymm_kquants.h"
@@ -603,6 +606,11 @@ void tr_kernels_fill_avx512(tr_kernels *k) {
     k->vec_dot_side[TR_TYPE_Q5_1] = ymm_dot_side_q5_1;
     k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;
     k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
+    gm_fill(k);
+    k->attn_f16 = av_attn_f16;
+    k->rmsnorm = av_rmsnorm;
+    k->swiglu = av_swiglu;
+    k->geglu = av_geglu;
 }
 
 #else

@@ -138,6 +138,26 @@ TR_ALWAYS_INLINE __m128i k3_scales(const uint8_t *p) {
     return _mm_sub_epi8(_mm_or_si128(low4, high2), _mm_set1_epi8(32));
 }
 
+/* 8 vectors of 8 dwords (row i, dword j) -> (dword j, row i) */
+TR_ALWAYS_INLINE void tr_transpose8x8(__m256i *v) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* u[0..3]: rows 0-3 in each lane, dwords (0,4) (1,5) (2,6) (3,7); u[4..7]: rows 4-7 */
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+        v[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+    }
+}
+
 /* vec_dot and vec_dot_nc entry points for an impl(n, nc, s, s_stride, w, a, a_stride); `unused`
  * because a file that includes these headers may replace some of them with wider kernels */
 #define TR_X86_DOT_ENTRIES(name, impl)                                                             \

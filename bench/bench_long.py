@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The user's long-context path (make bench-long; results in bench/results/long.md): a long
+prompt prefilled, then 128 tokens decoded greedily, for each KV policy on the same text.
+
+Policies: full (every token in DRAM, the reference), offload, tiered and tiered + the storage
+agent (--csd) with the hot pool --kv-policy auto picks under the memory budget, and auto under
+that budget (--mem-budget, below what the full KV needs). Per run: prefill time, decode tok/s,
+bytes read from storage in prefill and in decode, peak RSS (VmHWM), the plan's total, and how
+many of the 128 generated tokens equal full's greedy continuation (the agreeing prefix, and the
+position-wise share up to the first difference counts as the top-1 agreement there).
+
+usage: bench_long.py CASE...   CASE: smollm2-8k, qwen2-16k, qwen2-32k (each with its defaults)
+  env PROMPT_TOKENS=N shortens a case's prompt (the context stays); N_GEN (default 128)
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+TERRACE = os.environ.get("TERRACE_BIN", os.path.join(ROOT, "build", "terrace"))
+N_GEN = int(os.environ.get("N_GEN", "128"))
+
+# key: model key, context, prompt bytes of the King James text (~3.9 bytes a token for both
+# tokenizers), --mem-budget for auto (below weights + the full KV + scratch)
+CASES = {
+    "smollm2-8k": ("smollm2", 8192, 29000, "200M"),
+    "qwen2-16k": ("qwen2", 16384, 58000, "620M"),
+    "qwen2-32k": ("qwen2", 32768, 116000, "760M"),
+}
+
+
+def model(key):
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "get_model.sh"), key], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def kjv(nbytes):
+    path = os.path.join(ROOT, "build", "kjv.txt")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            subprocess.run(["bible", "gen1:1-rev22:21"], stdout=f, check=True)
+    with open(path, errors="replace") as f:
+        return f.read(nbytes)
+
+
+def mib(s):
+    v, u = float(s.split()[0]), s.split()[1]
+    return v * {"B": 1 / 2**20, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[u]
+
+
+def run(args, env):
+    r = subprocess.run([TERRACE, "run", *args], capture_output=True, text=True, env=env,
+                       errors="replace")
+    if r.returncode:
+        raise SystemExit(f"terrace run {' '.join(args)}: rc {r.returncode}\n{r.stderr[-2000:]}")
+    return r.stderr
+
+
+def measure(name, m, pf, ctx, flags, tele, env):
+    err = run(["-m", m, "-f", pf, "-c", str(ctx), "-n", str(N_GEN), "--ignore-eos", "--temp", "0",
+               "-t", "2", "--telemetry", tele, *flags], env)
+    g = {}
+    p = re.search(r"prompt\s+(\d+) tokens\s+([\d.]+) ms", err)
+    d = re.search(r"generated\s+(\d+) tokens\s+([\d.]+) ms\s+([\d.]+) tok/s", err)
+    g["prompt"], g["prefill_s"] = int(p.group(1)), float(p.group(2)) / 1e3
+    g["decode_tok_s"] = float(d.group(3))
+    g["rss"] = float(re.search(r"peak RSS ([\d.]+) MiB", err).group(1))
+    pl = re.search(r"plan without the margin ([\d.]+) MiB", err)
+    g["plan"] = float(pl.group(1)) if pl else 0.0
+    note = re.search(r"kv cache auto: (.*)", err)
+    g["note"] = note.group(1) if note else ""
+    hot = re.search(r"tiered, hot pool ([\d.]+) MiB", err)
+    g["hot"] = hot.group(1) if hot else None
+    ids, last = [], {}
+    with open(tele) as f:
+        for line in f:
+            if line.strip():
+                last = json.loads(line)
+                ids.append(last["id"])
+    g["ids"] = ids
+    g["read_prefill"] = last.get("kv_prefill_bytes_read", 0) / 2**20
+    g["read_decode"] = (last.get("kv_bytes_read", 0) - last.get("kv_prefill_bytes_read", 0)) / 2**20
+    g["cold"] = last.get("kv_cold_bytes", 0) / 2**20
+    print(f"  {name}: {g['prompt']} tokens in {g['prefill_s']:.2f} s, decode {g['decode_tok_s']:.2f} tok/s, "
+          f"read {g['read_prefill']:.1f} + {g['read_decode']:.1f} MiB, peak RSS {g['rss']:.1f} MiB"
+          f"{', ' + g['note'] if g['note'] else ''}", file=sys.stderr, flush=True)
+    return g
+
+
+def main():
+    keys = [a for a in sys.argv[1:] if a in CASES] or ["smollm2-8k"]
+    for key in keys:
+        mkey, ctx, nbytes, budget = CASES[key]
+        m = model(mkey)
+        tmp = tempfile.mkdtemp(prefix="terrace-long-")
+        env = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "xdg"))
+        text = kjv(nbytes)
+        if os.environ.get("PROMPT_TOKENS"):
+            text = text[: int(int(os.environ["PROMPT_TOKENS"]) * 3.9)]
+        pf = os.path.join(tmp, "prompt.txt")
+        with open(pf, "w") as f:
+            f.write(text)
+        cold = os.path.join(tmp, "cold")
+        os.makedirs(cold)
+        res = {}
+        tele = os.path.join(tmp, "t.jsonl")
+        # auto first: its hot pool is the one the others get
+        res["auto"] = measure("auto", m, pf, ctx, ["--mem-budget", budget], tele, env)
+        hot = (res["auto"]["hot"] or "64") + "M"
+        runs = [("full", ["--kv-policy", "full"]),
+                ("offload", ["--kv-policy", "offload", "--kv-hot", hot, "--kv-cold", cold]),
+                ("tiered", ["--kv-policy", "tiered", "--kv-hot", hot, "--kv-cold", cold]),
+                ("tiered + agent", ["--kv-policy", "tiered", "--kv-hot", hot, "--kv-cold", cold, "--csd"])]
+        for name, flags in runs:
+            res[name] = measure(name, m, pf, ctx, flags, tele, env)
+        full = res["full"]
+        print(f"\n### {key}: {m.split('/')[-1]}, -c {ctx}, {full['prompt']} prompt tokens, "
+              f"{N_GEN} generated; auto under --mem-budget {budget}; hot pool {hot} for offload/tiered\n")
+        print(f"auto: {res['auto']['note']}\n")
+        print("| policy | prefill | vs full | decode tok/s | vs full | read in prefill | read in decode "
+              "| cold pool | peak RSS | plan (no margin) | tokens = full's (prefix of " + str(N_GEN) + ") |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name in ["full", "offload", "tiered", "tiered + agent", "auto"]:
+            g = res[name]
+            agree = 0
+            for a, b in zip(g["ids"], full["ids"]):
+                if a != b:
+                    break
+                agree += 1
+            print(f"| {name} | {g['prefill_s']:.2f} s | {g['prefill_s'] / full['prefill_s']:.2f}x | "
+                  f"{g['decode_tok_s']:.2f} | {g['decode_tok_s'] / full['decode_tok_s']:.2f}x | "
+                  f"{g['read_prefill']:.1f} MiB | {g['read_decode']:.1f} MiB | {g['cold']:.1f} MiB | "
+                  f"{g['rss']:.1f} MiB | {g['plan']:.1f} MiB | {agree} |", flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
