@@ -14,18 +14,47 @@
 #include "terrace.h"
 #include "testutil.h"
 
-/* A row's result must not depend on the rows computed with it: every kernel sums a row in the
- * same order whatever the batch shape, so batched, chunked and one-at-a-time evaluation agree bit
- * for bit (a server batching requests gives each the answer it would get alone). */
+/* A row's result must not depend on the rows of other sessions computed with it: the per-row
+ * kernels sum a row in one order whatever the batch, and a session's chunk long enough for the
+ * gemm is its own product, so a batch gives every session bit for bit what it would compute alone
+ * with the same chunks (a server batching requests gives each the answer it would get alone). */
 #define TOL 0.0f
+/* The gemm (prefill chunks from gemm_min_m rows on) sums in another order than the per-row
+ * kernels: with F32 weights ~1e-4 on logits of magnitude ~10. The small quantized real models fed
+ * random tokens amplify it (the worst of 40 x n_vocab logits: SmolLM2 Q4_1 ~1.1, Gemma 3 Q4_K_M
+ * ~8; the greedy token agrees on 90 % and 80 % of rows, random text leaving near ties), so there
+ * only a gross error is caught here (rows mixed up agree on almost none); the gemm's accuracy is
+ * judged against llama.cpp by the parity tests. */
+#define GEMM_TOL 2e-3f
+#define GEMM_AGREE 0.6
 /* the pooled KV policies (tiered, through auto) attend with F16 softmax weights: ~1e-3 on these
- * logits against full's F32 ones, growing with the context (test_kv_policies.py allows 2e-2) */
+ * logits against full's F32 ones, growing with the context (test_kv_policies.py allows 2e-2).
+ * The quantized real models amplify that as they amplify the gemm's order (above): there the
+ * tiered prefill may differ from full by at most KV_NOISE times what the kernel choice alone
+ * makes on the same model (SmolLM2 Q4_1: 1.6 vs 1.1; Gemma 3 Q4_K_M: 9.3 vs 7.2), which an
+ * attention over the wrong tokens exceeds. */
 #define KV_TOL 1e-2f
+#define KV_NOISE 3.0f
 
 static float max_diff(const float *a, const float *b, size_t n) {
     float d = 0;
     for (size_t i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
     return d;
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* the share of rows whose greedy token agrees */
+static double agree(const float *a, const float *b, int32_t rows, int32_t nv) {
+    int32_t same = 0;
+    for (int32_t r = 0; r < rows; r++)
+        same += argmax(a + (size_t)r * nv, nv) == argmax(b + (size_t)r * nv, nv);
+    return (double)same / rows;
 }
 
 int main(int argc, char **argv) {
@@ -42,6 +71,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int32_t nv = tr_model_n_vocab(m);
+    /* float weights (the synthetic models) or quantized ones (the real models) */
+    const bool float_w = tr_model_weight_bytes(m) >= 3 * tr_model_n_params(m);
     enum { N = 40 };
     int32_t toks[N];
     tu_rng rng = {42};
@@ -64,16 +95,22 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N; i++)
         TU_CHECK(tr_session_eval(c, toks + i, 1, lc + (size_t)i * nv, false, &err) == TR_OK, "%s",
                  err.msg);
-    float d1 = max_diff(la, lb, (size_t)N * nv), d2 = max_diff(la, lc, (size_t)N * nv);
-    printf("  batch 512 vs chunks of 7: max |dlogit| %.2e; vs one token at a time: %.2e\n", d1, d2);
-    TU_CHECK(d1 <= TOL && d2 <= TOL, "batching changed the logits: %g %g", d1, d2);
+    /* chunks of 7 and single tokens never reach the gemm: the same kernels, the same bits */
+    const float d1 = max_diff(lb, lc, (size_t)N * nv), d2 = max_diff(la, lc, (size_t)N * nv);
+    const double a2 = agree(la, lc, N, nv);
+    printf("  chunks of 7 vs one token at a time: max |dlogit| %.2e; one chunk of %d (the gemm) vs "
+           "one at a time: %.2e, greedy token agrees on %.0f %% of rows (%s weights)\n",
+           d1, N, d2, 100 * a2, float_w ? "float" : "quantized");
+    TU_CHECK(d1 <= TOL, "chunking changed the logits: %g", d1);
+    TU_CHECK(float_w ? d2 <= GEMM_TOL : a2 >= GEMM_AGREE, "the gemm's chunk differs: %g, %.2f", d2,
+             a2);
     TU_CHECK(tr_session_n_past(a) == N && tr_session_n_past(c) == N, "n_past");
 
-    /* last-token logits equal the last row of all-logits */
+    /* last-token logits equal the last row of all-logits (the same chunks: 35 = 5 x 7, then 5) */
     float *last = malloc(sizeof(float) * nv);
-    TU_CHECK(tr_session_truncate(a, N - 5, &err) == TR_OK, "%s", err.msg);
-    TU_CHECK(tr_session_eval(a, toks + N - 5, 5, last, false, &err) == TR_OK, "%s", err.msg);
-    float d3 = max_diff(last, la + (size_t)(N - 1) * nv, (size_t)nv);
+    TU_CHECK(tr_session_truncate(b, N - 5, &err) == TR_OK, "%s", err.msg);
+    TU_CHECK(tr_session_eval(b, toks + N - 5, 5, last, false, &err) == TR_OK, "%s", err.msg);
+    float d3 = max_diff(last, lb + (size_t)(N - 1) * nv, (size_t)nv);
     printf("  truncate + re-eval of the last 5 tokens: max |dlogit| %.2e\n", d3);
     TU_CHECK(d3 <= TOL, "truncate/re-eval differs by %g", d3);
 
@@ -91,14 +128,12 @@ int main(int argc, char **argv) {
     for (int step = 0; step < 3; step++) {
         TU_CHECK(tr_decode_batch(seq, next, 3, lbatch, &err) == TR_OK, "%s", err.msg);
         for (int s = 0; s < 3; s++) {
-            /* reference: a fresh session fed the same timeline one call */
+            /* reference: a fresh session fed the same timeline alone, in the same calls */
             tr_session *ref = NULL;
             tr_session_create(m, &sp, &ref, &err);
-            int32_t tl[32];
-            int n = 0;
-            for (int i = 0; i < plen[s]; i++) tl[n++] = toks[s + i];
-            for (int k = 0; k <= step; k++) tl[n++] = toks[30 + s + 3 * k];
-            tr_session_eval(ref, tl, n, last, false, &err);
+            tr_session_eval(ref, toks + s, plen[s], NULL, false, &err);
+            for (int k = 0; k <= step; k++)
+                tr_session_eval(ref, &toks[30 + s + 3 * k], 1, last, false, &err);
             const float d = max_diff(last, lbatch + (size_t)s * nv, (size_t)nv);
             TU_CHECK(d <= TOL, "decode batch step %d seq %d differs by %g", step, s, d);
             tr_session_free(ref);
@@ -156,6 +191,40 @@ int main(int argc, char **argv) {
                  (unsigned long long)est, (unsigned long long)tr_session_bytes(mix[0]));
         for (int s = 0; s < 3; s++) tr_session_free(mix[s]);
         free(lmix);
+    }
+
+    /* a batch past the gemm's threshold: more decode rows than gemm_min_m, beside a chunk long
+     * enough for the gemm and a short one; every row equals its session alone */
+    {
+        enum { ND = 18, NS = ND + 2, CH = 24, SH = 5 };
+        tr_session_params gp = sp;
+        gp.n_batch = ND + CH + SH;
+        tr_session *g[NS];
+        int32_t gn[NS], gt[ND + CH + SH], nrow = 0;
+        for (int s = 0; s < NS; s++) {
+            TU_CHECK(tr_session_create(m, &gp, &g[s], &err) == TR_OK, "%s", err.msg);
+            TU_CHECK(tr_session_eval(g[s], toks + s % 20, 3 + s % 5, NULL, false, &err) == TR_OK,
+                     "%s", err.msg);
+            gn[s] = s == 1 ? CH : s == 4 ? SH : 1; /* the chunks among the decode rows */
+            for (int i = 0; i < gn[s]; i++) gt[nrow++] = toks[(s * 7 + i) % N];
+        }
+        float *lg = malloc(sizeof(float) * NS * nv);
+        TU_CHECK(lg && tr_batch_eval(g, gn, NS, gt, NULL, lg, &err) == TR_OK, "%s", err.msg);
+        float worst = 0;
+        for (int s = 0, off = 0; s < NS; off += gn[s], s++) {
+            tr_session *ref = NULL;
+            TU_CHECK(tr_session_create(m, &gp, &ref, &err) == TR_OK, "%s", err.msg);
+            tr_session_eval(ref, toks + s % 20, 3 + s % 5, NULL, false, &err);
+            TU_CHECK(tr_session_eval(ref, gt + off, gn[s], last, false, &err) == TR_OK, "%s",
+                     err.msg);
+            worst = fmaxf(worst, max_diff(last, lg + (size_t)s * nv, (size_t)nv));
+            tr_session_free(ref);
+        }
+        printf("  batch of %d decode rows, a %d-token and a %d-token chunk: max |dlogit| to each "
+               "alone %.2e\n", ND, CH, SH, worst);
+        TU_CHECK(worst <= TOL, "a gemm-sized batch differs from each alone by %g", worst);
+        for (int s = 0; s < NS; s++) tr_session_free(g[s]);
+        free(lg);
     }
 
     /* bad input: refused with a message, session unchanged */
@@ -223,17 +292,20 @@ int main(int argc, char **argv) {
                  * cold page at most once per chunk */
                 TU_CHECK(tr_session_eval(x, long_toks, M, lt, true, &err) == TR_OK, "%s", err.msg);
                 const float dt = max_diff(lf, lt, (size_t)M * nv);
+                const double at = agree(lf, lt, M, nv);
                 tr_kv_stats ks;
                 tr_session_get_kv_stats(x, &ks);
                 printf("  auto spilled (share %.1f KiB): %d-token prefill in %llu chunks, max "
-                       "|dlogit| to full %.2e, cold pool %llu bytes, read %llu bytes (bound %llu)\n",
-                       share / 1024.0, (int)M, (unsigned long long)ks.prefill_chunks, dt,
+                       "|dlogit| to full %.2e (greedy token agrees on %.1f %% of rows), cold pool "
+                       "%llu bytes, read %llu bytes (bound %llu)\n",
+                       share / 1024.0, (int)M, (unsigned long long)ks.prefill_chunks, dt, 100 * at,
                        (unsigned long long)ks.cold_bytes, (unsigned long long)ks.prefill_bytes_read,
                        (unsigned long long)ks.prefill_read_bound);
-                TU_CHECK(dt < KV_TOL && ks.cold_bytes > 0 && ks.prefill_chunks == (M + 127) / 128 &&
+                TU_CHECK((float_w || d2 == 0 ? dt < KV_TOL : dt <= KV_NOISE * d2) && ks.cold_bytes > 0 && ks.prefill_chunks == (M + 127) / 128 &&
                              ks.prefill_bytes_read > 0 &&
                              ks.prefill_bytes_read <= ks.prefill_read_bound,
-                         "auto spilled: |dlogit| %g, cold %llu, %llu chunks, read %llu", dt,
+                         "auto spilled: |dlogit| %g (the gemm's %g), cold %llu, %llu chunks, read "
+                         "%llu", dt, d2,
                          (unsigned long long)ks.cold_bytes, (unsigned long long)ks.prefill_chunks,
                          (unsigned long long)ks.prefill_bytes_read);
                 /* decode goes on through the tiers */

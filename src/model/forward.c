@@ -23,9 +23,35 @@ static void add_bias(float *y, const float *b, int32_t rows, int64_t n, int64_t 
         for (int64_t i = 0; i < n; i++) y[(size_t)r * stride + i] += b[i];
 }
 
+void tr_fwd_matmul_group(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x,
+                         int32_t rows, float *y, int32_t grp) {
+    if (grp >= 0 && sc->grp_rowwise[grp]) tr_matmul_rowwise(m->pool, m->kern, W, x, rows, y, sc->mm);
+    else tr_matmul(m->pool, m->kern, W, x, rows, y, sc->mm);
+}
+
+int32_t tr_fwd_group_of(const tr_scratch *sc, int32_t r) {
+    if (sc->n_grp == 0) return -1;
+    int32_t g = 0;
+    while (g + 1 < sc->n_grp && r >= sc->grp_end[g]) g++;
+    return g;
+}
+
+void tr_fwd_matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x, int32_t rows,
+                   float *y) {
+    if (sc->n_grp == 0) {
+        tr_matmul(m->pool, m->kern, W, x, rows, y, sc->mm);
+        return;
+    }
+    for (int32_t g = 0, r0 = 0; g < sc->n_grp && r0 < rows; r0 = sc->grp_end[g++]) {
+        const int32_t r1 = sc->grp_end[g] < rows ? sc->grp_end[g] : rows;
+        tr_fwd_matmul_group(m, sc, W, x + (size_t)r0 * W->n_in, r1 - r0,
+                            y + (size_t)r0 * W->n_out, g);
+    }
+}
+
 static void matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x, int32_t rows,
                    float *y) {
-    tr_matmul(m->pool, m->kern, W, x, rows, y, sc->mm);
+    tr_fwd_matmul(m, sc, W, x, rows, y);
 }
 
 /* RMSNorm with an optional bias (phimoe: llama.cpp applies RMSNorm, then the weight, then the
@@ -348,7 +374,9 @@ tr_status tr_forward(tr_model *m, tr_scratch *sc, int32_t rows, const int32_t *t
     norm_rows(m, sc->xn, sc->x + (size_t)first * E, m->output_norm, m->output_norm_b, logits_rows);
     if (!rows_finite(sc->xn, logits_rows, E, E))
         return nonfinite(m, err, "after the output norm (output_norm.weight)");
-    matmul(m, sc, &m->output, sc->xn, logits_rows, logits);
+    /* a batch's logits are each one session's last row, which alone is a product of one row */
+    if (out_rows) tr_matmul_rowwise(m->pool, m->kern, &m->output, sc->xn, logits_rows, logits, sc->mm);
+    else matmul(m, sc, &m->output, sc->xn, logits_rows, logits);
     add_bias(logits, m->output_b, logits_rows, hp->n_vocab, hp->n_vocab);
     if (hp->final_logit_softcap > 0.0f) {
         const float c = hp->final_logit_softcap;

@@ -104,6 +104,21 @@ static tr_status bad_values(const tr_model *m, int32_t l, const char *what, int3
                                        : "ffn_gate_inp.weight");
 }
 
+/* y = W x over an expert's gathered rows (list: their row * K + slot entries, ascending), one
+ * product per run of rows in one group of the pass, so that each row is computed as its session
+ * alone would compute it */
+static void expert_matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x,
+                          int32_t rows, float *y, const int32_t *list, int32_t K) {
+    for (int32_t i0 = 0, i1; i0 < rows; i0 = i1) {
+        const int32_t g = tr_fwd_group_of(sc, list[i0] / K);
+        i1 = i0 + 1;
+        while (g >= 0 && i1 < rows && tr_fwd_group_of(sc, list[i1] / K) == g) i1++;
+        if (g < 0) i1 = rows;
+        tr_fwd_matmul_group(m, sc, W, x + (size_t)i0 * W->n_in, i1 - i0,
+                            y + (size_t)i0 * W->n_out, g);
+    }
+}
+
 /* one expert on its rows: gather inputs, gate/up/act/down, scatter to the rows' slots; false if
  * the activation going into the down projection is not finite (its quantizer would hide it) */
 static bool run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e,
@@ -116,13 +131,13 @@ static bool run_expert(tr_model *m, tr_scratch *sc, const tr_layer *L, int32_t e
     const tr_mat wg = {L->gate_exps.type, E, F, part[0], L->gate_exps.row_bytes};
     const tr_mat wu = {L->up_exps.type, E, F, part[1], L->up_exps.row_bytes};
     const tr_mat wd = {L->down_exps.type, F, E, part[2], L->down_exps.row_bytes};
-    tr_matmul(m->pool, m->kern, &wg, sc->moe_in, rows, sc->g, sc->mm);
-    tr_matmul(m->pool, m->kern, &wu, sc->moe_in, rows, sc->u, sc->mm);
+    expert_matmul(m, sc, &wg, sc->moe_in, rows, sc->g, list, (int32_t)K);
+    expert_matmul(m, sc, &wu, sc->moe_in, rows, sc->u, list, (int32_t)K);
     add_rows_bias(sc->g, L->gate_exps.bias ? L->gate_exps.bias + (size_t)e * F : NULL, rows, F);
     add_rows_bias(sc->u, L->up_exps.bias ? L->up_exps.bias + (size_t)e * F : NULL, rows, F);
     expert_act(m, sc->g, sc->u, (int64_t)rows * F);
     if (!tr_all_finite(sc->g, (int64_t)rows * F)) return false;
-    tr_matmul(m->pool, m->kern, &wd, sc->g, rows, sc->moe_in, sc->mm);
+    expert_matmul(m, sc, &wd, sc->g, rows, sc->moe_in, list, (int32_t)K);
     add_rows_bias(sc->moe_in, L->down_exps.bias ? L->down_exps.bias + (size_t)e * E : NULL, rows, E);
     /* weighted output into the (row, slot) it belongs to: list entries are row * K + slot */
     for (int32_t i = 0; i < rows; i++) {
@@ -184,7 +199,7 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
     const int64_t E = hp->n_embd;
 
     /* router (F32 activations, as llama.cpp) and the per-row choice */
-    tr_matmul(m->pool, m->kern, &L->router, sc->xn, rows, sc->moe_logits, sc->mm);
+    tr_fwd_matmul(m, sc, &L->router, sc->xn, rows, sc->moe_logits);
     add_rows_bias(sc->moe_logits, L->router_b, rows, NE);
     /* a NaN among the router's logits would leave top-k without a choice (and the grouping
      * below with an index of -1): checked once per row, with the probabilities it gives */
@@ -271,12 +286,12 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
     /* shared expert: out += sigmoid(gate . x) * down(act(gate x) * up x) */
     if (L->shexp_gate.data) {
         const int64_t F = hp->n_ff_shexp;
-        tr_matmul(m->pool, m->kern, &L->shexp_gate, sc->xn, rows, sc->g, sc->mm);
-        tr_matmul(m->pool, m->kern, &L->shexp_up, sc->xn, rows, sc->u, sc->mm);
+        tr_fwd_matmul(m, sc, &L->shexp_gate, sc->xn, rows, sc->g);
+        tr_fwd_matmul(m, sc, &L->shexp_up, sc->xn, rows, sc->u);
         expert_act(m, sc->g, sc->u, (int64_t)rows * F);
         if (!tr_all_finite(sc->g, (int64_t)rows * F))
             return bad_values(m, l, "shared expert", -1, err);
-        tr_matmul(m->pool, m->kern, &L->shexp_down, sc->g, rows, sc->moe_in, sc->mm);
+        tr_fwd_matmul(m, sc, &L->shexp_down, sc->g, rows, sc->moe_in);
         for (int32_t r = 0; r < rows; r++) {
             float gate = 1.0f;
             if (L->shexp_gate_inp) {

@@ -141,6 +141,8 @@ static size_t scratch_plan(const tr_model *m, int32_t n_batch, bool spec, char *
     TAKE(row_sess, R * sizeof(tr_session *));
     TAKE(row_pos, R * 4);
     TAKE(out_rows, R * 4);
+    TAKE(grp_end, R * 4);
+    TAKE(grp_rowwise, R * 4);
     TAKE(rope_cs, R * (size_t)hp->n_rot * 4);
     if (spec) {
         TAKE(qs[0], R * nq * 4);
@@ -180,6 +182,10 @@ uint64_t tr_session_estimate_ctx(const tr_model *m, int32_t n_ctx, int32_t n_bat
 
 uint64_t tr_session_estimate_default(const tr_model *m) { return tr_session_estimate_ctx(m, 0, 0); }
 
+static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_dir, char *dir,
+                           size_t dir_cap, char *note, size_t note_cap, tr_mem_plan *pl,
+                           tr_error *err);
+
 tr_status tr_session_estimate(const tr_model *m, const tr_session_params *params, uint64_t *bytes,
                               tr_error *err) {
     *bytes = 0;
@@ -187,22 +193,20 @@ tr_status tr_session_estimate(const tr_model *m, const tr_session_params *params
     resolve_params(m, &p);
     if (p.n_ctx > (1 << 24))
         return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
-    const int32_t nl = m->hp.n_layer;
-    int32_t *heads = malloc(sizeof(int32_t) * 2 * (size_t)nl);
-    if (!heads) return tr_fail(err, TR_E_NOMEM, "out of memory");
-    const tr_kv_shape shape = kv_shape(m, p.n_ctx, heads, heads + nl);
-    const tr_kv_params kp = kv_params(m, &p);
-    /* the KV layer's whole DRAM plan (a pooled policy's hot pool and copies at their largest,
-     * not what it holds so far): 0 when it would refuse the parameters */
-    const uint64_t kv = tr_kv_dram_bytes(&shape, &kp);
-    free(heads);
-    if (!kv)
+    /* the plan create makes (auto resolved the same way, nothing created): the KV layer's whole
+     * DRAM plan (a pooled policy's hot pool and copies at their largest, not what it holds so
+     * far), 0 when it would refuse the parameters */
+    char dir[4096], note[768];
+    tr_mem_plan pl;
+    const tr_status st = make_plan(m, &p, false, dir, sizeof dir, note, sizeof note, &pl, err);
+    if (st) return st;
+    if (!pl.kv_bytes)
         return tr_fail(err, TR_E_ARG, "the KV cache cannot be planned for these parameters "
-                       "(--kv-policy %s, a context of %d tokens)", tr_kv_policy_name(kp.policy),
+                       "(--kv-policy %s, a context of %d tokens)", tr_kv_policy_name(pl.kv_policy),
                        p.n_ctx);
     tr_scratch dummy;
     const bool spec = p.kv.policy == TR_KV_TIERED && p.kv.spec;
-    *bytes = kv + scratch_plan(m, p.n_batch, spec, NULL, &dummy);
+    *bytes = pl.kv_bytes + scratch_plan(m, p.n_batch, spec, NULL, &dummy);
     return TR_OK;
 }
 
@@ -542,6 +546,7 @@ tr_status tr_session_eval(tr_session *s, const int32_t *tokens, int32_t n, float
             lrows = 1;
             dst = logits;
         }
+        s->sc.n_grp = 0; /* one session's chunk */
         st = tr_forward(m, &s->sc, rows, tokens + done, dst, lrows, NULL, err);
         if (st == TR_OK) {
             s->n_past += rows;
@@ -591,9 +596,20 @@ static tr_status batch_eval(tr_session **sessions, const int32_t *n_tokens, int3
             return tr_fail(err, TR_E_ABORTED, "sequence %d: aborted by the caller", b);
     pthread_mutex_lock(&m->lock);
     tr_scratch *sc = &s0->sc;
+    /* the groups (session.h): runs of sessions with fewer tokens than the gemm takes share one
+     * per-row group, each longer chunk is a group of its own */
+    const int32_t gemm_min = m->kern->gemm_min_m > 0 ? m->kern->gemm_min_m : INT32_MAX;
+    sc->n_grp = 0;
     int32_t r = 0, n_out = 0;
     for (int32_t b = 0; b < n_seq; b++) {
         const int32_t n = n_tokens ? n_tokens[b] : 1;
+        const int32_t rowwise = n < gemm_min;
+        if (sc->n_grp > 0 && rowwise && sc->grp_rowwise[sc->n_grp - 1]) {
+            sc->grp_end[sc->n_grp - 1] += n;
+        } else {
+            sc->grp_end[sc->n_grp] = r + n;
+            sc->grp_rowwise[sc->n_grp++] = rowwise;
+        }
         for (int32_t i = 0; i < n; i++, r++) {
             sc->row_sess[r] = sessions[b];
             sc->row_pos[r] = sessions[b]->n_past + i;

@@ -25,6 +25,16 @@ typedef struct tr_scratch {
     struct tr_session **row_sess;
     int32_t *row_pos;
     int32_t *out_rows; /* rows whose logits a batch wants (tr_batch_eval) */
+    /* The rows of a batch in groups, so that a row's products do not depend on the rows computed
+     * with it: tr_matmul's gemm (from gemm_min_m rows on) sums a row in another order than the
+     * per-row kernels, which sum it one way for every M. The rows of sessions with fewer tokens
+     * than gemm_min_m (a decode row, a short chunk: alone they never reach the gemm) form groups
+     * computed with the per-row kernels only; each longer chunk is a group of its own, computed
+     * as its session alone computes it. Groups are runs of consecutive rows: group g ends at row
+     * grp_end[g]. n_grp 0: the whole pass is one session's chunk, computed as tr_matmul chooses. */
+    int32_t n_grp;
+    int32_t *grp_end;
+    int32_t *grp_rowwise; /* [g] 1: the per-row kernels only */
     float *rope_cs;  /* [rows][n_rot] cos/sin of the current layer's parameters */
     float *qs[2];    /* --kv-spec: [rows][n_head * hd_k] speculative queries of layers of each
                         parity (NULL without) */
@@ -62,6 +72,15 @@ struct tr_session {
 uint64_t tr_session_estimate_default(const tr_model *m);
 /* the same for a context and batch (<= 0: the defaults) */
 uint64_t tr_session_estimate_ctx(const tr_model *m, int32_t n_ctx, int32_t n_batch);
+
+/* forward.c: y = W x for `rows` rows of x that all belong to group grp (-1: no groups) */
+void tr_fwd_matmul_group(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x,
+                         int32_t rows, float *y, int32_t grp);
+/* the group of batch row r (-1 when the pass has no groups) */
+int32_t tr_fwd_group_of(const tr_scratch *sc, int32_t r);
+/* y = W x for the pass's rows 0..rows-1, group by group */
+void tr_fwd_matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x, int32_t rows,
+                   float *y);
 
 /* forward.c: compute `rows` rows (row r: token tokens[r] of sc->row_sess[r] at sc->row_pos[r]).
  * logits_rows: 0 = none, 1 = last row only, rows = every row; written to `logits`. With out_rows

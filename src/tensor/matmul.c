@@ -147,8 +147,8 @@ static void gemm_task(void *ctx, int ith, int nth) {
           (const char *)W->data + (size_t)b * W->row_bytes, W->row_bytes, j->ga, j->ga_row);
 }
 
-void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x, int64_t M,
-               float *y, void *scratch) {
+static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x,
+                   int64_t M, float *y, void *scratch, bool gemm) {
     mm_job j = {
         .k = kern ? kern : tr_kernels_best(),
         .W = W,
@@ -160,7 +160,7 @@ void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const flo
     };
     j.xq_row = tr_type_row_bytes(j.vt, W->n_in);
     const int nth = pool ? tr_pool_size(pool) : 1;
-    if (j.k->gemm[W->type] && M >= j.k->gemm_min_m) {
+    if (gemm && j.k->gemm[W->type] && M >= j.k->gemm_min_m) {
         /* the gemm rows follow the quantized rows (the 64 spare bytes cover the alignment) */
         const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);
         j.ga = (char *)((at + 63) & ~(uintptr_t)63);
@@ -200,4 +200,14 @@ void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const flo
     }
     if (pool) tr_pool_run(pool, dot_task, &j);
     else dot_task(&j, 0, 1);
+}
+
+void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x, int64_t M,
+               float *y, void *scratch) {
+    matmul(pool, kern, W, x, M, y, scratch, true);
+}
+
+void tr_matmul_rowwise(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x,
+                       int64_t M, float *y, void *scratch) {
+    matmul(pool, kern, W, x, M, y, scratch, false);
 }

@@ -24,5 +24,10 @@ size_t tr_matmul_scratch_size(tr_type t, int64_t K, int64_t M);
 /* y[m * N + r] = sum_k W[r][k] * x[m * K + k] for m < M, r < N. `kern` NULL = best family. */
 void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x, int64_t M,
                float *y, void *scratch);
+/* The same with the per-row kernels whatever M: they sum each row in one order for every M, so a
+ * row's result does not depend on the rows computed with it (tr_matmul's gemm, from gemm_min_m
+ * rows on, sums in another order). */
+void tr_matmul_rowwise(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x,
+                       int64_t M, float *y, void *scratch);
 
 #endif
