@@ -63,6 +63,7 @@ typedef struct job {
     tr_sampler_params sampling;
     int32_t max_tokens; /* < 0: until the end of generation or of the context */
     bool ignore_eos;
+    bool cache_prompt; /* reuse the slot's common prefix (llama-server's field; default true) */
     char *stop[SERVE_MAX_STOP];
     int n_stop;
     double t_submit; /* now_ms() */
@@ -140,6 +141,7 @@ typedef struct server {
     char model_file[256]; /* base name of the GGUF */
     tr_chat_template *tmpl; /* the chat template (serve_api.c); NULL: none */
     int32_t n_ctx;        /* per slot */
+    int32_t chunk;        /* prompt tokens per chunk (--prefill-chunk, within the batch) */
     int32_t n_vocab;
     double started;       /* now_ms() at start, for uptime */
     long created;         /* time(NULL) at start */

@@ -199,6 +199,7 @@ static bool parse_sampling(server *s, const cJSON *o, const opt_names *nm, job *
     }
     if (!parse_stop(s, o, nm->stop, j, e)) return false;
     if (!opt_bool(o, "ignore_eos", &j->ignore_eos, e)) return false;
+    if (!opt_bool(o, "cache_prompt", &j->cache_prompt, e)) return false;
     tr_error err = {0};
     tr_sampler_params check = *sp;
     if (check.repeat_last_n < 0) check.repeat_last_n = s->n_ctx;

@@ -2,8 +2,12 @@
  * The scheduler of terrace serve: continuous batching over --parallel slots.
  *
  * A step is one tr_batch_eval: one token for every slot that is generating and, in the room left
- * in the batch (at most --prefill-chunk tokens while others generate, so that a long prompt never
- * stalls them), chunks of the prompts of slots being prefilled, oldest first. Jobs join between
+ * in the batch, chunks of the prompts of slots being prefilled, oldest first. A prompt is cut at
+ * every multiple of --prefill-chunk of its positions (and at its end), whatever else the step
+ * holds: tr_batch_eval computes a chunk as its session alone would, and the kernels it uses
+ * depend on the chunk's length (the gemm from gemm_min_m rows on), so a prompt's chunks must not
+ * depend on the others. A chunk that does not fit the room left waits for the next step; the batch
+ * always holds the oldest one next to every other slot's decode row. Jobs join between
  * steps: a queued job takes the free slot whose cached tokens share the longest prefix with its
  * prompt (its conversation so far), that prefix is kept in the session's KV and only the rest is
  * evaluated. A job leaves when it ends, when its client goes away (cancel, seen at the next step)
@@ -25,6 +29,9 @@ struct slot {
     tr_sampler *smp;
     int32_t *held;  /* [n_ctx] the tokens in the session's KV, for prefix reuse */
     int32_t n_held; /* == tr_session_n_past(sess) */
+    uint8_t *start; /* [n_ctx] 1 where one evaluation of the held tokens began (a chunk, a decode
+                       row): a prefix kept up to such a position leaves the rest to be computed
+                       in the chunks it was computed in before */
     job *j;
     slot_state st;
     int32_t n_fed;  /* prompt tokens in the session (reused + prefilled) */
@@ -42,6 +49,7 @@ job *job_new(void) {
     j->refs = 1;
     j->slot = -1;
     j->max_tokens = -1;
+    j->cache_prompt = true;
     return j;
 }
 
@@ -228,9 +236,14 @@ static void admit_locked(server *s, uint64_t step) {
         }
         s->q_head = (s->q_head + 1) % s->cfg.queue_max;
         s->q_len--;
-        /* keep the common prefix; at least the prompt's last token is evaluated, for its logits */
-        int32_t keep = best_lcp;
+        /* keep the common prefix; at least the prompt's last token is evaluated, for its logits;
+         * none with cache_prompt false (the answer then depends on the request alone, not on
+         * what the slot held: a reused row was computed as part of another request) */
+        int32_t keep = j->cache_prompt ? best_lcp : 0;
         if (keep >= j->n_prompt) keep = j->n_prompt - 1;
+        /* from where an evaluation began: a request repeated gets its chunks again (the kernels
+         * depend on a chunk's length), so the same answer */
+        while (keep > 0 && !sl->start[keep]) keep--;
         tr_session_truncate(sl->sess, keep, &err);
         sl->n_held = keep;
         sl->n_fed = keep;
@@ -333,12 +346,12 @@ static void *sched_main(void *arg) {
         }
         qsort(pre, (size_t)n_pre, sizeof *pre, by_admission);
         int32_t room = n_batch - rows;
-        if (n_dec > 0 && room > s->cfg.prefill_chunk) room = s->cfg.prefill_chunk;
         for (int k = 0; k < n_pre && room > 0; k++) {
             slot *sl = pre[k];
             const job *j = sl->j;
-            int32_t take = j->n_prompt - sl->n_fed;
-            if (take > room) take = room;
+            int32_t take = (sl->n_fed / s->chunk + 1) * s->chunk - sl->n_fed;
+            if (take > j->n_prompt - sl->n_fed) take = j->n_prompt - sl->n_fed;
+            if (take > room) continue;
             s->b_sess[n] = sl->sess;
             s->b_ntok[n] = take;
             s->b_want[n] = sl->n_fed + take == j->n_prompt;
@@ -392,6 +405,8 @@ static void *sched_main(void *arg) {
                 continue;
             }
             memcpy(sl->held + sl->n_held, s->b_tok + off, (size_t)s->b_ntok[b] * sizeof(int32_t));
+            memset(sl->start + sl->n_held, 0, (size_t)s->b_ntok[b]);
+            sl->start[sl->n_held] = 1;
             sl->n_held += s->b_ntok[b];
             if (sl->st == SLOT_GEN) {
                 j->decode_ms += dt;
@@ -436,8 +451,13 @@ tr_status sched_init(server *s, tr_error *err) {
                  "generating slot takes a row of each step", s->n_slots, n_batch);
         return TR_E_ARG;
     }
+    /* the prompt chunk: room for it next to every other slot's decode row */
+    s->chunk = s->cfg.prefill_chunk < n_batch - (s->n_slots - 1) ? s->cfg.prefill_chunk
+                                                                 : n_batch - (s->n_slots - 1);
     for (int i = 0; i < s->n_slots; i++)
-        if (!(s->slots[i].held = malloc(sizeof(int32_t) * (size_t)s->n_ctx))) goto oom;
+        if (!(s->slots[i].held = malloc(sizeof(int32_t) * (size_t)s->n_ctx)) ||
+            !(s->slots[i].start = calloc((size_t)s->n_ctx, 1)))
+            goto oom;
     const size_t n = (size_t)s->n_slots;
     s->b_sess = calloc(n, sizeof *s->b_sess);
     s->b_ntok = calloc(n, sizeof *s->b_ntok);
@@ -476,6 +496,7 @@ void sched_free(server *s) {
         tr_sampler_free(sl->smp);
         tr_session_free(sl->sess);
         free(sl->held);
+        free(sl->start);
     }
     for (int k = 0; s->queue && k < s->q_len; k++)
         job_release_locked(s, s->queue[(s->q_head + k) % s->cfg.queue_max]);

@@ -128,9 +128,11 @@ try:
     topics = ["cats", "the ocean", "mountains", "coffee", "rain", "the moon", "bicycles", "music",
               "trees", "winter", "bread", "trains", "stars", "gardens", "rivers", "books"]
 
+    # the whole prompt computed (cache_prompt false): reused rows were computed as part of another
+    # request, so the answer alone would otherwise depend on what the slot held
     def ask(t):
         return client.chat.completions.create(
-            model=mid, temperature=0, max_tokens=24,
+            model=mid, temperature=0, max_tokens=24, extra_body={"cache_prompt": False},
             messages=[{"role": "user", "content": f"Write one sentence about {t}."}])
 
     m0, _ = srv.metrics()
