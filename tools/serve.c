@@ -214,6 +214,11 @@ static bool load_planned(server *s) {
     tr_model_get_stats(s->ld.model, &ms);
     mem_plan p = {.budget = o->mem_budget ? o->mem_budget : tr_mem_available(),
                   .n_slots = s->cfg.n_slots};
+    /* --kv-policy auto sizes one session's KV against what the weights leave of the budget (and
+     * the probe load maps every expert); the server plans its slots next to the expert cache
+     * itself (below), so auto is full here: every slot's KV in DRAM, within that plan, and a
+     * budget too small for it is refused naming the slots that fit (--kv-policy tiered spills) */
+    if (o->kv.policy == TR_KV_AUTO) o->kv.policy = TR_KV_FULL;
     tr_session_params sp = session_params(o);
     if (sp.n_batch <= 0) sp.n_batch = o->n_batch;
     tr_error err = {0};
