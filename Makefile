@@ -270,6 +270,15 @@ FUZZ_LIB := build/fuzzlib/libterrace.a
 fuzz-lib:
 	@$(MAKE) --no-print-directory CC=clang BUILD=build/fuzzlib \
 	    OPT="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" $(FUZZ_LIB)
+# but the x86 kernel files without coverage or sanitizers: instrumenting their intrinsics takes
+# clang minutes (kernels_avx512.c: ~470 s of CPU, ~15 s plain) and the fuzzers explore the code
+# that calls them, not their loops. Their memory accesses are checked in build/asan (test_kernels
+# against the scalar reference over ragged lengths, the models' tests), and make test replays the
+# model corpus at TERRACE_ISA=scalar too, where every kernel the fuzzer reaches is instrumented
+# (TERRACE_ISA=scalar make fuzz FUZZ=model fuzzes that way)
+ifeq ($(BUILD),build/fuzzlib)
+$(X86_SRC:%.c=$(BUILD)/%.o): override OPT := -O1 -g
+endif
 
 # the template engine and the reasoning splitter, nothing else
 FUZZ_JINJA_SRC := $(wildcard src/text/jinja_*.c) src/text/reasoning.c src/core/error.c
