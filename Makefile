@@ -148,16 +148,21 @@ $(BUILD)/tests/%: tests/%.c tests/testutil.h tests/kv_test.h $(BUILD)/libterrace
 deps:
 	@bash scripts/deps.sh
 
+# make test's builds compile on every CPU (JOBS, default: all of them) unless make was given -jN,
+# whose jobserver the sub-makes share instead; tests/run.sh builds the fuzzers with JOBS too
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+TEST_J = $(if $(findstring --jobserver,$(MAKEFLAGS)),,-j$(JOBS))
+
 test: deps
-	@$(MAKE) --no-print-directory WERROR=1 all $(TEST_BIN)
-	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/asan \
+	@$(MAKE) $(TEST_J) --no-print-directory WERROR=1 all $(TEST_BIN)
+	@$(MAKE) $(TEST_J) --no-print-directory WERROR=1 BUILD=build/asan \
 	    OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    build/asan/terrace build/asan/terrace-storaged $(TEST_BIN:build/%=build/asan/%)
-	@$(MAKE) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
+	@$(MAKE) $(TEST_J) --no-print-directory WERROR=1 BUILD=build/tsan OPT="-O1 -g -fsanitize=thread" \
 	    build/tsan/tests/test_moe build/tsan/tests/test_pool build/tsan/tests/test_expert_cache \
 	    $(addprefix build/tsan/tests/,$(KV_TESTS)) build/tsan/terrace-storaged
-	@$(MAKE) --no-print-directory aarch64
-	@bash tests/run.sh
+	@$(MAKE) $(TEST_J) --no-print-directory aarch64
+	@JOBS=$(JOBS) bash tests/run.sh
 
 demo: deps all
 	@bash scripts/demo.sh

@@ -158,7 +158,7 @@ run "KV policies bit-identical to the stored digests: MHA/GQA/MQA synthetic, def
     tests/ref/kv-logits.json
 
 # --- fuzz corpus replay (the long fuzz runs are `make fuzz` and `make fuzz-jinja`) -----------
-if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
+if command -v clang >/dev/null && MAKEFLAGS= make -s -j"${JOBS:-$(nproc)}" fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay: GGUF reader ($(ls fuzz/corpus | wc -l) inputs)" \
         build/fuzz/fuzz_gguf -runs=0 fuzz/corpus
     for t in tokenizer model; do
