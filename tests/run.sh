@@ -165,13 +165,17 @@ run "KV policies bit-identical to the stored digests: MHA/GQA/MQA synthetic, def
     tests/ref/kv-logits.json
 
 # --- fuzz corpus replay (the long fuzz runs are `make fuzz` and `make fuzz-jinja`) -----------
-if command -v clang >/dev/null && make -s fuzz-build >/dev/null 2>&1; then
+if command -v clang >/dev/null && MAKEFLAGS= make -s -j"${JOBS:-$(nproc)}" fuzz-build >/dev/null 2>&1; then
     run "fuzz corpus replay: GGUF reader ($(ls fuzz/corpus | wc -l) inputs)" \
         build/fuzz/fuzz_gguf -runs=0 fuzz/corpus
     for t in tokenizer model; do
         run "fuzz corpus replay: $t ($(ls fuzz/corpus-$t | wc -l) inputs)" \
             build/fuzz/fuzz_$t -runs=0 fuzz/corpus-$t
     done
+    # the fuzz library's x86 kernel files carry no sanitizers (Makefile, fuzz-lib): the model
+    # corpus again with the scalar kernels, which do, so each kernel call it makes is checked
+    run "fuzz corpus replay: model, scalar kernels ($(ls fuzz/corpus-model | wc -l) inputs)" \
+        env TERRACE_ISA=scalar build/fuzz/fuzz_model -runs=0 fuzz/corpus-model
     run "fuzz corpus replay: chat templates ($(ls fuzz/corpus-jinja | wc -l) inputs)" \
         build/fuzz/fuzz_jinja -runs=0 -timeout=30 fuzz/corpus-jinja
 else
