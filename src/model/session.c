@@ -186,19 +186,26 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
                            size_t dir_cap, char *note, size_t note_cap, tr_mem_plan *pl,
                            tr_error *err);
 
+/* the plan create would make for these parameters (p: them resolved), nothing created */
+static tr_status plan_only(const tr_model *m, const tr_session_params *params,
+                           tr_session_params *p, tr_mem_plan *pl, tr_error *err) {
+    *p = params ? *params : tr_session_default_params();
+    resolve_params(m, p);
+    if (p->n_ctx > (1 << 24))
+        return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p->n_ctx);
+    char dir[4096], note[768];
+    return make_plan(m, p, false, dir, sizeof dir, note, sizeof note, pl, err);
+}
+
 tr_status tr_session_estimate(const tr_model *m, const tr_session_params *params, uint64_t *bytes,
                               tr_error *err) {
     *bytes = 0;
-    tr_session_params p = params ? *params : tr_session_default_params();
-    resolve_params(m, &p);
-    if (p.n_ctx > (1 << 24))
-        return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
-    /* the plan create makes (auto resolved the same way, nothing created): the KV layer's whole
-     * DRAM plan (a pooled policy's hot pool and copies at their largest, not what it holds so
-     * far), 0 when it would refuse the parameters */
-    char dir[4096], note[768];
+    /* the plan create makes (auto resolved the same way): the KV layer's whole DRAM plan (a
+     * pooled policy's hot pool and copies at their largest, not what it holds so far), 0 when
+     * it would refuse the parameters */
+    tr_session_params p;
     tr_mem_plan pl;
-    const tr_status st = make_plan(m, &p, false, dir, sizeof dir, note, sizeof note, &pl, err);
+    const tr_status st = plan_only(m, params, &p, &pl, err);
     if (st) return st;
     if (!pl.kv_bytes)
         return tr_fail(err, TR_E_ARG, "the KV cache cannot be planned for these parameters "
@@ -488,12 +495,8 @@ void tr_session_get_plan(const tr_session *s, tr_mem_plan *out) { *out = s->plan
 
 tr_status tr_session_plan(tr_model *m, const tr_session_params *params, tr_mem_plan *out,
                           tr_error *err) {
-    tr_session_params p = params ? *params : tr_session_default_params();
-    resolve_params(m, &p);
-    if (p.n_ctx > (1 << 24))
-        return tr_fail(err, TR_E_ARG, "context of %d tokens is out of range", p.n_ctx);
-    char dir[4096], note[768];
-    return make_plan(m, &p, false, dir, sizeof dir, note, sizeof note, out, err);
+    tr_session_params p;
+    return plan_only(m, params, &p, out, err);
 }
 const char *tr_session_kv_note(const tr_session *s) { return s->kv_note; }
 
