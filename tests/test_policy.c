@@ -776,9 +776,22 @@ static bool predict_ref(int t, int j, float *acc) {
     return separated;
 }
 
-static void test_knn_predictor(void) {
+/* scalar: the similarity update's reference (TERRACE_ISA=scalar) instead of the one the CPU runs
+ * fastest */
+static tr_adapt *adapt_create_isa(int32_t L, int32_t E, int32_t K, bool scalar) {
+    const char *was = getenv("TERRACE_ISA");
+    char keep[64] = "";
+    if (was) snprintf(keep, sizeof keep, "%s", was);
+    if (scalar) setenv("TERRACE_ISA", "scalar", 1);
+    tr_adapt *a = tr_adapt_create(L, E, K);
+    if (was) setenv("TERRACE_ISA", keep, 1);
+    else unsetenv("TERRACE_ISA");
+    return a;
+}
+
+static void test_knn_predictor(bool scalar) {
     tu_rng rng = {11};
-    tr_adapt *a = tr_adapt_create(PL, PE, PK);
+    tr_adapt *a = adapt_create_isa(PL, PE, PK, scalar);
     TU_CHECK(a != NULL, "tr_adapt_create");
     if (!a) return;
     float want[PL * PE];
@@ -817,10 +830,55 @@ static void test_knn_predictor(void) {
     TU_CHECK(worst < 1e-5 && checked >= 150,
              "knn prediction differs from brute force by %.3g (key %d; %d steps compared)", worst,
              worst_i, checked);
-    printf("  knn predictor: %d layer steps (those without a tie at the 16th neighbour) against "
-           "brute force, largest relative difference %.2g\n",
-           checked, worst);
+    printf("  knn predictor (%s similarity update): %d layer steps (those without a tie at the "
+           "16th neighbour) against brute force, largest relative difference %.2g\n",
+           scalar ? "reference" : "fastest", checked, worst);
     tr_adapt_free(a);
+}
+
+/* The similarity update the CPU runs fastest against its reference, past the history ring's
+ * wrap (HIST = 512 tokens): the same routing gives bit-identical predictions at every step. */
+static void test_similarity_variants(void) {
+    enum { L = 5, E = 40, K = 4, TOK = 1300 };
+    tr_adapt *fast = adapt_create_isa(L, E, K, false), *slow = adapt_create_isa(L, E, K, true);
+    TU_CHECK(fast && slow, "tr_adapt_create");
+    if (!fast || !slow) {
+        tr_adapt_free(fast);
+        tr_adapt_free(slow);
+        return;
+    }
+    tu_rng rng = {23};
+    int32_t prev[L][K] = {{0}};
+    int differ = 0, steps = 0;
+    for (int t = 0; t < TOK; t++)
+        for (int l = 0; l < L; l++) {
+            int32_t ex[K];
+            for (int q = 0; q < K; q++) {
+                int e;
+                bool dup;
+                do { /* half the time the last token's choice again: similar moments recur */
+                    e = tu_next(&rng) % 2 ? prev[l][q] : (int)(tu_next(&rng) % E);
+                    dup = false;
+                    for (int r = 0; r < q; r++) dup |= ex[r] == e;
+                    if (dup) e = (int)(tu_next(&rng) % E);
+                    dup = false;
+                    for (int r = 0; r < q; r++) dup |= ex[r] == e;
+                } while (dup);
+                ex[q] = prev[l][q] = e;
+            }
+            const tr_policy_route_info ri = {ex, NULL, K, NULL};
+            tr_adapt_route(fast, l, &ri);
+            tr_adapt_route(slow, l, &ri);
+            differ += memcmp(tr_adapt_predict(fast), tr_adapt_predict(slow),
+                             sizeof(float) * L * E) != 0;
+            steps++;
+        }
+    TU_CHECK(differ == 0, "similarity update: fastest and reference predictions differ at %d of "
+             "%d steps", differ, steps);
+    printf("  similarity update: fastest and reference agree bit for bit at %d layer steps (%d "
+           "tokens)\n", steps, TOK);
+    tr_adapt_free(fast);
+    tr_adapt_free(slow);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1303,7 +1361,9 @@ int main(int argc, char **argv) {
     test_random_seeded();
     test_belady_optimal();
     test_cliff();
-    test_knn_predictor();
+    test_knn_predictor(false);
+    test_knn_predictor(true);
+    test_similarity_variants();
     test_adaptive_follows();
     test_protect();
     test_no_alloc();

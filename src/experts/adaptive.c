@@ -72,7 +72,10 @@ struct tr_adapt {
     int64_t cyc_base;
     int32_t cyc_rows, last_layer, cur_layer;
     bool cyc_single;
-    double *S; /* [HIST] similarity by lag */
+    int32_t *S; /* [HIST] similarity by lag (a sum of overlaps: an integer) */
+    /* the W == 1 similarity update: popcounts by the POPCNT instruction where the CPU has it */
+    void (*sim_w1)(int32_t *S, uint16_t *last, const uint64_t *hist, uint64_t cur, int32_t ts,
+                   int32_t dmax);
     /* [L][HIST] what layer l added to S[d] at the last token: the term to take out at the next
      * (the window's oldest layer step), kept instead of recomputed */
     uint16_t *last_ov;
@@ -109,7 +112,7 @@ static int32_t max_lag(int64_t t) { return (int32_t)(t < HIST - 2 ? t : HIST - 2
 static void similarity_full(tr_adapt *a, int64_t t, int32_t j) {
     const int32_t dmax = max_lag(t);
     for (int32_t d = 1; d <= dmax; d++) {
-        double s = 0;
+        int32_t s = 0;
         for (int32_t m = 0; m < a->L; m++) {
             const int o = m <= j ? overlap(a, t, t - d, m) : overlap(a, t - 1, t - 1 - d, m);
             a->last_ov[(size_t)m * HIST + (size_t)d] = (uint16_t)o;
@@ -132,12 +135,7 @@ static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
     const uint64_t *cur = mask_at(a, t, j);
     uint16_t *last = a->last_ov + (size_t)j * HIST;
     if (a->W == 1) {
-        const uint64_t c = cur[0], *hist = a->ring + (size_t)j * HIST;
-        for (int32_t d = 1; d <= dmax; d++) {
-            const int o = popcount64(c & hist[(size_t)((t - d) % HIST)]);
-            a->S[d] += o - last[d];
-            last[d] = (uint16_t)o;
-        }
+        a->sim_w1(a->S, last, a->ring + (size_t)j * HIST, cur[0], (int32_t)(t % HIST), dmax);
     } else {
         for (int32_t d = 1; d <= dmax; d++) {
             const int o = overlap(a, t, t - d, j);
@@ -146,6 +144,41 @@ static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
         }
     }
     a->S_tok = t;
+}
+
+/* One layer's share of the similarity update for one-word masks: for every lag d, the overlap
+ * of cur with the choice d tokens earlier (ring slot (ts - d) mod HIST: HIST is a power of two,
+ * so the mask also maps the lags that wrap) replaces the one this layer added a token ago. */
+_Static_assert((HIST & (HIST - 1)) == 0, "HIST is a power of two");
+static void sim_w1_ref(int32_t *S, uint16_t *last, const uint64_t *hist, uint64_t cur, int32_t ts,
+                       int32_t dmax) {
+    for (int32_t d = 1; d <= dmax; d++) {
+        const int o = popcount64(cur & hist[(ts - d) & (HIST - 1)]);
+        S[d] += o - last[d];
+        last[d] = (uint16_t)o;
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("popcnt"))) static void sim_w1_popcnt(int32_t *S, uint16_t *last,
+                                                            const uint64_t *hist, uint64_t cur,
+                                                            int32_t ts, int32_t dmax) {
+    for (int32_t d = 1; d <= dmax; d++) {
+        const int o = __builtin_popcountll(cur & hist[(ts - d) & (HIST - 1)]);
+        S[d] += o - last[d];
+        last[d] = (uint16_t)o;
+    }
+}
+#endif
+
+/* the update the CPU runs fastest (TERRACE_ISA=scalar keeps the reference, as for the kernels) */
+static void choose_sim(tr_adapt *a) {
+    a->sim_w1 = sim_w1_ref;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    const char *isa = getenv("TERRACE_ISA");
+    if (__builtin_cpu_supports("popcnt") && !(isa && !strcmp(isa, "scalar")))
+        a->sim_w1 = sim_w1_popcnt;
+#endif
 }
 
 /* adds w to the prediction of every expert token slot `slot` chose at layers m0..m1-1 */
@@ -178,7 +211,7 @@ const float *tr_adapt_predict(tr_adapt *a) {
     int n = 0;
     const int32_t dmax = max_lag(t);
     for (int32_t d = 1; d <= dmax; d++) {
-        const double s = a->S[d];
+        const double s = (double)a->S[d];
         if (s <= 0 || (n == NEIGH && s <= a->nb_s[0])) continue;
         int i;
         if (n < NEIGH) {
@@ -239,6 +272,7 @@ tr_adapt *tr_adapt_create(int32_t n_layer, int32_t n_expert, int32_t n_expert_us
     a->n_keys = (uint32_t)n_layer * (uint32_t)n_expert;
     a->last_layer = -1;
     a->acc_step = UINT64_MAX;
+    choose_sim(a);
     const size_t ring_words = (size_t)a->L * (size_t)a->W * HIST;
     const size_t id_rows = (size_t)a->L * HIST, id_words = id_rows * (size_t)a->K;
     if (n_expert > 65536 || !ALLOC(a->ring, ring_words) ||
@@ -298,55 +332,76 @@ static bool rless(rkey x, rkey y) {
     return x.c < y.c;
 }
 
-static rkey rule_key(const tr_policy *p, int rule, const float *acc, const double *off,
-                     uint32_t k) {
-    switch (rule) {
-    case R_LRU: return (rkey){(double)p->stamp[k], 0, 0};
-    case R_LFU: return (rkey){(double)p->freq[k], (double)p->stamp[k], 0};
-    /* layered's order; equal values: the most recent goes (see rekey in policy.c) */
-    case R_LAYERED: return (rkey){p->pa[k] + off[p->klayer[k]], 0, UINT64_MAX - p->stamp[k]};
-    default: return (rkey){(double)acc[k], p->pa[k] + off[p->klayer[k]], UINT64_MAX - p->stamp[k]};
+/* k (at ev position i) with key rk into the sorted prefix p->cand[0..*n) of at most cap keys,
+ * after the keys it is not less than: a binary search, since an unordered scan inserts dozens of
+ * times before the prefix holds the lowest keys */
+static inline void cand_insert(tr_policy *p, rkey *ck, uint32_t *n, uint32_t cap, uint32_t k,
+                               rkey rk) {
+    if (*n == cap && !rless(rk, ck[*n - 1])) return;
+    uint32_t lo = 0, hi = *n;
+    while (lo < hi) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (rless(rk, ck[mid])) hi = mid;
+        else lo = mid + 1;
     }
+    const uint32_t kept = *n < cap ? (*n)++ : *n - 1; /* full: the largest key drops out */
+    memmove(p->cand + lo + 1, p->cand + lo, (kept - lo) * sizeof *p->cand);
+    memmove(ck + lo + 1, ck + lo, (kept - lo) * sizeof *ck);
+    p->cand[lo] = k;
+    ck[lo] = rk;
 }
 
-/* the lowest keys among p->ev (only layer `only` when >= 0) into p->cand, ascending */
+/* the lowest keys among p->ev (only layer `only` when >= 0) into p->cand, ascending. One loop
+ * per rule over the ev-ordered copies of the keys' fields (policy_internal.h); most items lose
+ * on the key's first two fields, tested before the key is built. Equal keys keep ev's order. */
 static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t only) {
     double *off = p->la; /* scratch [n_layer]: the layer heaps are unused by these kinds */
     for (int32_t l = 0; l < p->n_layer; l++) off[l] = (double)p->visits[l] * p->log_decay;
     uint32_t n = 0;
-    const uint32_t cap = p->cand_cap;
+    const uint32_t cap = p->cand_cap, ne = p->ev_n;
     rkey *ck = (rkey *)p->cand_key;
-    for (uint32_t i = 0; i < p->ev_n; i++) {
-        const uint32_t k = p->ev[i];
-        if (only >= 0 && p->klayer[k] != only) continue;
-        if (n == cap) {
-            /* most items lose on the key's first two fields: test those before building it */
-            const rkey *lim = &ck[n - 1];
-            double a, b;
-            switch (rule) {
-            case R_LRU: a = (double)p->stamp[k], b = 0; break;
-            case R_LFU: a = (double)p->freq[k], b = (double)p->stamp[k]; break;
-            case R_LAYERED: a = p->pa[k] + off[p->klayer[k]], b = 0; break;
-            default: a = (double)acc[k], b = p->pa[k] + off[p->klayer[k]]; break;
-            }
-            if (a > lim->a || (a == lim->a && b > lim->b)) continue;
+    const uint32_t *ev = p->ev;
+    const uint64_t *st = p->ev_stamp, *fr = p->ev_freq;
+    const double *pa = p->ev_pa;
+    const int32_t *ly = p->ev_layer;
+#define SKIP_ABOVE(a_, b_) \
+    (n == cap && ((a_) > ck[n - 1].a || ((a_) == ck[n - 1].a && (b_) > ck[n - 1].b)))
+    switch (rule) {
+    case R_LRU:
+        for (uint32_t i = 0; i < ne; i++) {
+            if (only >= 0 && ly[i] != only) continue;
+            const double a = (double)st[i];
+            if (SKIP_ABOVE(a, 0.0)) continue;
+            cand_insert(p, ck, &n, cap, ev[i], (rkey){a, 0, 0});
         }
-        const rkey rk = rule_key(p, rule, acc, off, k);
-        if (n == cap && !rless(rk, ck[n - 1])) continue;
-        /* into the sorted prefix after the keys it is not less than: a binary search, since an
-         * unordered scan inserts dozens of times before the prefix holds the lowest keys */
-        uint32_t lo = 0, hi = n;
-        while (lo < hi) {
-            const uint32_t mid = (lo + hi) / 2;
-            if (rless(rk, ck[mid])) hi = mid;
-            else lo = mid + 1;
+        break;
+    case R_LFU:
+        for (uint32_t i = 0; i < ne; i++) {
+            if (only >= 0 && ly[i] != only) continue;
+            const double a = (double)fr[i], b = (double)st[i];
+            if (SKIP_ABOVE(a, b)) continue;
+            cand_insert(p, ck, &n, cap, ev[i], (rkey){a, b, 0});
         }
-        const uint32_t kept = n < cap ? n++ : n - 1; /* full: the largest key drops out */
-        memmove(p->cand + lo + 1, p->cand + lo, (kept - lo) * sizeof *p->cand);
-        memmove(ck + lo + 1, ck + lo, (kept - lo) * sizeof *ck);
-        p->cand[lo] = k;
-        ck[lo] = rk;
+        break;
+    /* layered's order; equal values: the most recent goes (see rekey in policy.c) */
+    case R_LAYERED:
+        for (uint32_t i = 0; i < ne; i++) {
+            if (only >= 0 && ly[i] != only) continue;
+            const double a = pa[i] + off[ly[i]];
+            if (SKIP_ABOVE(a, 0.0)) continue;
+            cand_insert(p, ck, &n, cap, ev[i], (rkey){a, 0, UINT64_MAX - st[i]});
+        }
+        break;
+    default:
+        for (uint32_t i = 0; i < ne; i++) {
+            if (only >= 0 && ly[i] != only) continue;
+            const double a = (double)acc[ev[i]], b = pa[i] + off[ly[i]];
+            if (SKIP_ABOVE(a, b)) continue;
+            cand_insert(p, ck, &n, cap, ev[i], (rkey){a, b, UINT64_MAX - st[i]});
+        }
+        break;
     }
+#undef SKIP_ABOVE
     p->cand_n = n;
     p->cand_i = 0;
     p->cand_rule = rule;
@@ -368,7 +423,7 @@ uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
         if (!p->cand_valid || p->cand_rule != rule) fill_candidates(p, rule, acc, -1);
         while (p->cand_i < p->cand_n) {
             const uint32_t k = p->cand[p->cand_i++];
-            if (p->ev_pos[k] != NOT_IN_HEAP) return k;
+            if (p->it[k].ev_pos != NOT_IN_HEAP) return k;
         }
         p->cand_valid = false; /* used up: scan again */
     }

@@ -12,6 +12,19 @@
 #define NOT_IN_HEAP UINT32_MAX
 #define TR_POLICY_CAND_KEY_BYTES 24
 
+typedef struct tr_policy_item {
+    uint64_t bytes;   /* resident size; 0 = not resident */
+    uint64_t stamp;   /* clock of the last access */
+    uint64_t freq;    /* accesses (lfu) */
+    double pa;        /* priority, see the top of policy.c; lrfu value key for knn/adaptive */
+    uint64_t pb;
+    double pend_w;    /* lrfu: router increment announced by route() for visit pend_at */
+    uint64_t pend_at;
+    uint32_t pins;
+    uint32_t ev_pos; /* random, knn, adaptive: index in ev, NOT_IN_HEAP when absent */
+} tr_policy_item;
+_Static_assert(sizeof(tr_policy_item) == 64, "one cache line per key");
+
 struct tr_policy {
     tr_policy_kind kind;
     int32_t n_layer, n_expert, n_expert_used;
@@ -19,15 +32,10 @@ struct tr_policy {
     uint64_t budget, used, pinned_bytes;
     double log_decay; /* lrfu/layered/knn/adaptive: log(decay) <= 0 */
 
-    /* per key (layer * n_expert + expert) */
-    uint64_t *bytes; /* resident size; 0 = not resident */
-    uint32_t *pins;
-    uint64_t *stamp; /* clock of the last access */
-    uint64_t *freq;  /* accesses (lfu) */
-    double *pa;      /* priority, see the top of policy.c; lrfu value key for knn/adaptive */
-    uint64_t *pb;
-    double *pend_w; /* lrfu: router increment announced by route() for visit pend_at */
-    uint64_t *pend_at;
+    /* per key (layer * n_expert + expert): what a lookup, a pin or an admit touches, in one
+     * cache line per key (the expert cache calls the policy between layers whose compute has
+     * evicted its tables from the CPU caches: one line per key instead of one per field) */
+    tr_policy_item *it;
     uint8_t *prot;  /* protected (tr_policy_protect): resident, unpinned, out of the evictable set */
 
     /* per layer */
@@ -42,7 +50,13 @@ struct tr_policy {
     uint64_t *lb;
 
     /* random, knn, adaptive: the evictable items as a flat array */
-    uint32_t *ev, *ev_pos, ev_n;
+    uint32_t *ev, ev_n;
+    /* the keys' fields the victim scans compare, by position in ev (copies of it[k]'s, kept
+     * equal by evictable_add/del and lookup): a scan reads these arrays in order instead of one
+     * cache line of it[] per evictable item */
+    uint64_t *ev_stamp, *ev_freq;
+    double *ev_pa;
+    int32_t *ev_layer;
     uint64_t rng;
 
     /* protected items (at most one layer's worth), in the order they were protected */
@@ -80,7 +94,7 @@ struct tr_policy {
 /* The decayed, router-weighted count of key k on its layer's visit clock, as a log (-inf: never
  * used): the LRFU value that lrfu, layered, knn and adaptive keep for every key. */
 static inline double tr_policy_lrfu_value(const tr_policy *p, uint32_t k) {
-    return p->pa[k] + (double)p->visits[k / (uint32_t)p->n_expert] * p->log_decay;
+    return p->it[k].pa + (double)p->visits[k / (uint32_t)p->n_expert] * p->log_decay;
 }
 
 #endif
