@@ -434,10 +434,11 @@ uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
 /* Dueling                                                                                        */
 
 /* Shadows simulate a sample of the layers, as set dueling samples cache sets: the MoE layers in
- * blocks of s consecutive ones, s chosen so that about SAMPLE_LAYERS blocks exist, and one layer
- * of each block at an offset drawn from a fixed hash of the block, with the budget's share of
- * those layers in a token's working set. Each rule meets the same routing at a fraction of the
- * cost. The offset varies from block to block because a fixed one aliases with any structure
+ * blocks of s = ceil(n_moe / SAMPLE_LAYERS) consecutive ones (at most SAMPLE_LAYERS blocks: a
+ * model of 9 to 16 layers has 5 to 8 sampled, not all of them, so the shadows' cost stays a small
+ * share of the layer steps whatever the depth), and one layer of each block at an offset drawn
+ * from a fixed hash of the block, with the budget's share of those layers in a token's working
+ * set. Each rule meets the same routing at a fraction of the cost. The offset varies from block to block because a fixed one aliases with any structure
  * that repeats across layers: every 6th layer of 48 is an even one, and on a trace whose odd
  * layers route at random (route_traces.py's "mixed") the shadows never saw the layers where the
  * rules differ and the cache followed the wrong one (1.6 points below LFU). */
@@ -497,7 +498,8 @@ tr_status tr_duel_create(const tr_policy_params *pp, tr_duel **out, tr_error *er
     }
     int32_t n_moe = 0;
     for (size_t l = 0; l < nl; l++) n_moe += !pp->expert_bytes || pp->expert_bytes[l] > 0;
-    const int32_t stride = n_moe > SAMPLE_LAYERS ? n_moe / SAMPLE_LAYERS : 1;
+    const int32_t stride =
+        n_moe > SAMPLE_LAYERS ? (n_moe + SAMPLE_LAYERS - 1) / SAMPLE_LAYERS : 1;
     uint64_t all = 0, part = 0;
     for (int32_t l = 0, i = 0; l < (int32_t)nl; l++) {
         const uint64_t b = pp->expert_bytes ? pp->expert_bytes[l] : 1;

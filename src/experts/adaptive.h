@@ -28,7 +28,7 @@
  * NEIGH most similar lags and adds their choices: NEIGH x n_layer x top-k. Victims come from one
  * scan of the evictable items per layer step. The shadows are ordinary policies (knn's scans like
  * the real cache, with the same predictor), fed each step's lookups when the next step begins,
- * on a sample of about 8 layers. A cache whose layers fall into several size classes (one policy
+ * on a sample of at most 8 layers. A cache whose layers fall into several size classes (one policy
  * each) runs one duel for all of them (tr_policy_params.duel), so the predictor and the shadows
  * cost the same whatever the number of classes. All memory is sized at creation.
  */
