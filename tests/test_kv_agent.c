@@ -503,7 +503,9 @@ static void test_csd_deadline(void) {
     data d;
     data_make(&d, s.nl, s.nctx, s.nkv, s.hdk, s.hdv, 29, false);
     tr_kv_params p = cold_params(&s, true);
-    p.csd_timeout = 0.5;
+    /* the deadline also bounds the agent's start: 2 s, so that a TSan-built agent starting on a
+     * busy machine (0.5 s was seen to be too short there) is not taken for a stopped one */
+    p.csd_timeout = 2.0;
     tr_kv *kv = mk(&s, &p);
     if (!kv || !fill(kv, &d, 0, 160)) {
         tr_kv_free(kv);
@@ -523,7 +525,7 @@ static void test_csd_deadline(void) {
         const tr_status st = decode_step(kv, &d, &s, 161, q, o, &err);
         char want[64];
         snprintf(want, sizeof want, "terrace-storaged, pid %d", (int)pid);
-        TU_CHECK(st == TR_E_IO && strstr(err.msg, "did not answer within 0.5 s") &&
+        TU_CHECK(st == TR_E_IO && strstr(err.msg, "did not answer within 2.0 s") &&
                      strstr(err.msg, want),
                  "a stopped agent: status %d, '%s'", (int)st, err.msg);
         printf("deadline: a stopped agent: %s\n", err.msg);
