@@ -41,10 +41,8 @@
  * the top-1 expert dominate. On the shared Qwen3 trace weights against plain counts change the
  * hit rate by at most 0.2 points either way (replay.md); what carries the gain is the per-layer
  * visit clock and the layer shares, not the weights. */
-#define WEIGHT_EXPONENT 0.5
-_Static_assert(WEIGHT_EXPONENT == 0.5, "sel_increment is a square root");
 
-/* w^WEIGHT_EXPONENT as sqrt(w): correctly rounded, one instruction, where pow walks tables that
+/* w^0.5 as sqrt(w): correctly rounded, one instruction, where pow walks tables that
  * the layers' compute has evicted from the CPU caches. glibc's pow(w, 0.5) is one ulp away from it
  * for about 0.08% of the floats in (0, 1]; the replays of every trace in bench/results/replay.md
  * give the same hits and evictions with either. -0 gives +0, as pow does. */
