@@ -117,6 +117,10 @@ typedef struct tr_attn_q {
     float *out;     /* hd_v values */
     int32_t lo, hi; /* the visible keys: positions lo..hi */
     float sink;     /* extra logit in the softmax's denominator; -INFINITY: none */
+    /* optional (NULL: not wanted): the softmax's max and its denominator (in double), so that a
+     * caller can merge calls over parts of the keys (online softmax) */
+    float *max;
+    double *sum;
 } tr_attn_q;
 
 typedef struct tr_attn_kv {
