@@ -161,6 +161,10 @@ def main():
         expect("perplexity: text too short", ["perplexity", "-m", good, "-p", "short text",
                                               "-c", "64"], 1, ["tokens", "2 * c"])
         expect("bench: context too big", ["bench", "-m", good, "-p", "99999999"], 2, ["-p"])
+        expect("logits: --tail too long", ["logits", "-m", good, "--tokens", "1,2", "--tail", "8"],
+               2, ["--tail", "more than 8 tokens"])
+        expect("logits: --tokens @missing", ["logits", "-m", good, "--tokens", "@" + p("none"),
+                                             "--tail", "1"], 1, ["cannot read"])
         # MoE: a budget below one layer's top-k; an I/O error while reading an expert
         moe = p("moe.gguf")
         synth.write("qwen3moe", "Q8_0", moe)
