@@ -571,10 +571,6 @@ static void flush_step(tr_duel *d) {
 }
 
 void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info) {
-    /* every shadow's lines for the step it is about to be fed, fetched in parallel rather than
-     * one miss at a time as each shadow's lookups and sifts reach them */
-    if (d->step_layer >= 0 && d->step_n && d->sampled[d->step_layer])
-        for (int r = 0; r < TR_POLICY_N_RULES; r++) tr_policy_prefetch(d->sh[r], d->step_layer);
     flush_step(d); /* before the predictor moves on: knn's shadow votes with that step's vote */
     tr_adapt_route(d->pred, layer, info);
     const bool single = !info || info->n <= d->n_expert_used;

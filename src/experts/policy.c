@@ -217,40 +217,6 @@ static void layer_sync(tr_policy *p, int32_t l) {
         hfix(&lh, (uint32_t)l);
 }
 
-/* the lines of [base, base + bytes) */
-static void prefetch_range(const void *base, size_t bytes) {
-#if defined(__GNUC__) || defined(__clang__)
-    const char *c = base;
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
-    if (bytes) __builtin_prefetch(c + bytes - 1);
-#else
-    (void)base;
-    (void)bytes;
-#endif
-}
-
-void tr_policy_prefetch(const tr_policy *p, int32_t layer) {
-    if (layer < 0 || layer >= p->n_layer) return;
-    const size_t E = (size_t)p->n_expert, l = (size_t)layer;
-    prefetch_range(p->it + l * E, E * sizeof *p->it);
-    prefetch_range(&p->visits[l], sizeof *p->visits);
-    prefetch_range(&p->layer_used[l], sizeof *p->layer_used);
-    if (uses_heaps(p)) {
-        prefetch_range(p->heap + l * E, p->heap_n[l] * sizeof *p->heap);
-        prefetch_range(p->pos + l * E, E * sizeof *p->pos);
-        prefetch_range(p->lheap, p->lheap_n * sizeof *p->lheap);
-        prefetch_range(p->la, (size_t)p->n_layer * sizeof *p->la);
-        prefetch_range(p->lb, (size_t)p->n_layer * sizeof *p->lb);
-    } else if (p->ev) {
-        const size_t n = p->ev_n;
-        prefetch_range(p->ev, n * sizeof *p->ev);
-        prefetch_range(p->ev_stamp, n * sizeof *p->ev_stamp);
-        prefetch_range(p->ev_pa, n * sizeof *p->ev_pa);
-        prefetch_range(p->ev_layer, n * sizeof *p->ev_layer);
-        if (p->kind == TR_POLICY_ADAPTIVE) prefetch_range(p->ev_freq, n * sizeof *p->ev_freq);
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Evictable set: heaps, or the flat array of the random policy                                   */
 
@@ -603,9 +569,6 @@ tr_status tr_policy_route(tr_policy *p, int32_t layer, const tr_policy_route_inf
         }
     }
     p->cand_valid = false;
-    /* the adaptive policy's lookups and victim scan for this layer follow the duel's work of
-     * the step (the shadows, the predictor): time for these lines to arrive */
-    if (p->duel) tr_policy_prefetch(p, layer);
     if (p->ad && !p->ad_borrowed) tr_adapt_route(p->ad, layer, info);
     if (p->duel && !p->duel_borrowed) tr_duel_route(p->duel, layer, info);
     return TR_OK;

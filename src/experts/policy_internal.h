@@ -91,14 +91,6 @@ struct tr_policy {
     tr_policy_stats st;
 };
 
-/* Asks the CPU to fetch what the next operations on `layer` read: every key's line of the layer,
- * its item heap, the heap of layers and, for the kinds that scan, the evictable arrays. The
- * policy is called between layers whose compute has evicted its tables from the CPU caches, so
- * each of those reads would otherwise be a miss served one after the other (a heap's sift and a
- * scan depend on what they read); issued together, they are fetched in parallel, ahead of the
- * work. A hint only: nothing is read or changed. */
-void tr_policy_prefetch(const tr_policy *p, int32_t layer);
-
 /* The decayed, router-weighted count of key k on its layer's visit clock, as a log (-inf: never
  * used): the LRFU value that lrfu, layered, knn and adaptive keep for every key. */
 static inline double tr_policy_lrfu_value(const tr_policy *p, uint32_t k) {
