@@ -605,6 +605,13 @@ void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert) {
     d->step_ex[d->step_n++] = expert;
 }
 
+bool tr_duel_feed_now(tr_duel *d) {
+    if (!d->step_single || d->step_layer < 0 || !d->step_n) return false;
+    const bool work = d->sampled[d->step_layer];
+    flush_step(d);
+    return work;
+}
+
 int tr_duel_lead(const tr_duel *d) { return d->lead; }
 
 const float *tr_duel_predict(tr_duel *d) { return tr_adapt_predict(d->pred); }
