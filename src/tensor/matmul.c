@@ -92,9 +92,30 @@ static void quantize_task(void *ctx, int ith, int nth) {
  * rows (MiBs for a long prompt, out of L2). */
 #define MM_TILE_ROWS 16
 
+/* Guided claiming for the row products: each claim takes 1 / (2·nth) of the rows not yet claimed
+ * (at least j->chunk, a multiple of MM_TILE_ROWS), so the first claims are large (few atomic
+ * operations on the shared counter) and the last ones small: the thread that finishes first
+ * waits at most one small chunk for the other, instead of up to an eighth of a thread's share
+ * with fixed chunks. A decode step runs seven such products per layer, each ending in that wait.
+ * Which rows a thread computes changes nothing in any row's result. */
+static bool claim_rows(mm_job *j, int64_t n, int nth, int64_t *begin, int64_t *end) {
+    int_fast64_t cur = atomic_load_explicit(&j->next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= n) return false;
+        int64_t c = (n - cur) / (2 * (int64_t)nth);
+        c = (c + MM_TILE_ROWS - 1) / MM_TILE_ROWS * MM_TILE_ROWS;
+        if (c < j->chunk) c = j->chunk;
+        if (atomic_compare_exchange_weak_explicit(&j->next, &cur, cur + c, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *begin = cur;
+            *end = cur + c < n ? cur + c : n;
+            return true;
+        }
+    }
+}
+
 static void dot_task(void *ctx, int ith, int nth) {
     (void)ith;
-    (void)nth;
     mm_job *j = ctx;
     const tr_mat *W = j->W;
     const int64_t N = W->n_out, K = W->n_in;
@@ -103,7 +124,7 @@ static void dot_task(void *ctx, int ith, int nth) {
     const tr_vec_dot_side_fn dot_side = j->side ? j->k->vec_dot_side[W->type] : NULL;
     const tr_vec_dot_2r_fn dot_2r = j->k->vec_dot_2r[W->type];
     int64_t b, e;
-    while (tr_claim(&j->next, N, j->chunk, &b, &e)) {
+    while (claim_rows(j, N, nth, &b, &e)) {
         for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
             const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
             for (int64_t m = 0; m < j->M; m += TR_MAX_NC) {
@@ -188,8 +209,10 @@ static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const
         j.side_row = side_floats(j.vt, W->n_in);
     }
     atomic_init(&j.next, 0);
-    /* ~8 chunks per thread balances uneven cores without contending on the counter */
+    /* the smallest claim (claim_rows): one tile of rows, or fewer for a matrix with few rows per
+     * thread */
     j.chunk = W->n_out / (nth * 8);
+    if (j.chunk > MM_TILE_ROWS) j.chunk = MM_TILE_ROWS;
     if (j.chunk < 1) j.chunk = 1;
     if (j.vt == TR_TYPE_F32) {
         j.xq = (char *)x; /* F32 weights take F32 activations as they are */

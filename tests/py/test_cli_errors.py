@@ -18,14 +18,7 @@ sys.path.insert(0, HERE)
 import synth  # noqa: E402
 
 TERRACE = sys.argv[1]
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {msg}", file=sys.stderr)
+from tally import check, verdict  # noqa: E402
 
 
 def variant(path, drop=None, reshape=None, arch=None, drop_key=None):
@@ -195,8 +188,7 @@ def main():
         check(rc == 0, f"chat on the good model: rc {rc} {err[-300:]}")
         rc, out, err = run(["bench", "-m", good, "-p", "16", "-n", "4", "-r", "1", "--json"])
         check(rc == 0 and '"test": "pp16"' in out, f"bench: rc {rc} {out} {err[-300:]}")
-    print("test_cli_errors: " + ("all checks passed" if not failures else f"{failures} FAILED"))
-    return 1 if failures else 0
+    return verdict("test_cli_errors")
 
 
 if __name__ == "__main__":

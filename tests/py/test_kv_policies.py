@@ -29,14 +29,7 @@ POLICIES = ["offload", "h2o", "quest", "tiered"]
 # the same effect against llama.cpp). A policy that drops or misweights a token moves logits by
 # >= 0.1.
 TOL = 2e-2
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {msg}", file=sys.stderr)
+from tally import check, verdict  # noqa: E402
 
 
 def logits(model, toks, extra, out, env=None):
@@ -65,8 +58,7 @@ def main():
         finally:
             agent.terminate()
             agent.wait()
-    print("test_kv_policies: " + ("all checks passed" if not failures else f"{failures} FAILED"))
-    return 1 if failures else 0
+    return verdict("test_kv_policies")
 
 
 def run_all(tmp, cold, sock):
