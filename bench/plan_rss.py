@@ -6,9 +6,9 @@ For a dense model (SmolLM2-135M, real), a synthetic MoE model through the expert
 given --qwen2, Qwen2.5-Coder-0.5B: `terrace run` under several --mem-budget values (and the
 automatic cap), with a prompt that fills most of the context (RSS counts the KV pages written,
 not those planned), 8 tokens generated. Each row is the plan's total without its margin (weights
-+ expert cache + KV + scratch), the peak RSS the run measured (getrusage) and their ratio; a row
-outside 0.90..1.10 is marked and the total says why the plan misses (the process itself: code,
-libraries, tokenizer tables, thread stacks, which no plan term holds).
++ expert cache + KV + scratch + the process's own pages as loading began: code, libraries,
+stacks), the peak RSS the run measured (VmHWM) and their ratio; a row outside 0.90..1.10 is
+marked.
 
 usage: plan_rss.py [--qwen2] [--check]   (--check: exit 1 if a real model's row is off by > 10 %)
 """

@@ -527,9 +527,11 @@ typedef struct tr_mem_plan {
     uint64_t kv_cold_bytes;   /* the cold pool on storage */
     uint64_t scratch_bytes;   /* the forward pass's */
     uint64_t margin_bytes;
-    uint64_t total_bytes;     /* weights + expert cache + KV + scratch + margin */
+    uint64_t total_bytes;     /* weights + expert cache + KV + scratch + process + margin */
     tr_kv_policy kv_policy;   /* auto resolved */
     int32_t n_ctx, n_batch;
+    uint64_t process_bytes;   /* the process's own resident pages when the model began loading
+                                 (code, libraries, stacks, the host program's memory): measured */
 } tr_mem_plan;
 /* the plan of a session with these parameters on this model, nothing allocated; a budget that
  * cannot hold it is TR_E_BUDGET naming the minimum */

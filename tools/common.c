@@ -593,14 +593,14 @@ static const char *mib_str(uint64_t b, char *s, size_t cap) {
 }
 
 void print_plan(FILE *f, const tr_mem_plan *pl, const char *prefix) {
-    char a[32], b[32], c[32], d[32], e[32], g[32], h[32];
+    char a[32], b[32], c[32], d[32], e[32], g[32], h[32], k[32];
     fprintf(f, "%splan         budget %s (%s): weights %s + expert cache %s + KV %s (%s) + scratch "
-               "%s + margin %s = %s\n",
+               "%s + process %s + margin %s = %s\n",
             prefix, mib_str(pl->cap_bytes, a, sizeof a), pl->cap_source,
             mib_str(pl->weight_bytes, b, sizeof b), mib_str(pl->expert_cache_bytes, c, sizeof c),
             mib_str(pl->kv_bytes, d, sizeof d), tr_kv_policy_name(pl->kv_policy),
-            mib_str(pl->scratch_bytes, e, sizeof e), mib_str(pl->margin_bytes, g, sizeof g),
-            mib_str(pl->total_bytes, h, sizeof h));
+            mib_str(pl->scratch_bytes, e, sizeof e), mib_str(pl->process_bytes, k, sizeof k),
+            mib_str(pl->margin_bytes, g, sizeof g), mib_str(pl->total_bytes, h, sizeof h));
     fprintf(f, "%splan         KV of %d tokens: hot in DRAM %s (every token hot: %s)%s%s; experts left on "
                "storage %s%s\n",
             prefix, pl->n_ctx, mib_str(pl->kv_hot_bytes, a, sizeof a),

@@ -758,6 +758,11 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     tr_model *m = calloc(1, sizeof *m);
     if (!m) return tr_fail(err, TR_E_NOMEM, "out of memory");
     pthread_mutex_init(&m->lock, NULL);
+    {
+        tr_expert_plan_in now = {0};
+        read_memory(&now);
+        m->process_bytes = now.rss_now;
+    }
     int32_t *n_head = NULL, *n_head_kv = NULL, *n_ff = NULL;
     tr_status s = tr_gguf_open(path, &m->gguf, err);
     if (s) goto fail;

@@ -123,6 +123,9 @@ struct tr_model {
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
     uint64_t mem_cap;       /* the memory budget: --mem-budget, else auto (mem_source says which) */
+    /* the process's resident pages when loading began (its code and libraries, stacks, the host
+     * program's own memory): measured, a term of the session's plan */
+    uint64_t process_bytes;
     const char *mem_source;
     char warning[1024];
     tr_expert_budget_plan plan; /* how an auto budget was chosen */

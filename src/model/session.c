@@ -259,6 +259,11 @@ static uint64_t tenth_mib_up(uint64_t b) {
     return (tenths * (1u << 20) + 9) / 10;
 }
 
+/* the process's pages in a least budget a message gives: they differ a little between runs
+ * (a few hundred KiB), so the figure a user copies allows 512 KiB more, to hold on the next run
+ * too */
+#define PROCESS_LEAST(m) ((m)->process_bytes + (512u << 10))
+
 /* the least cap whose margin leaves `need` */
 static uint64_t min_cap(uint64_t need) {
     uint64_t lo = need, hi = 2 * need + (32u << 20);
@@ -316,7 +321,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     const uint64_t weights = ms.moe && ms.expert_cache ? m->dense_bytes + ms.expert_budget_bytes
                                                        : m->weight_bytes;
     const uint64_t margin = tr_mem_margin(m->mem_cap);
-    const uint64_t used = weights + scratch + margin;
+    const uint64_t used = weights + scratch + m->process_bytes + margin;
     const uint64_t share = kp.hot_bytes ? kp.hot_bytes : m->mem_cap > used ? m->mem_cap - used : 0;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
     tr_kv_params full = kp;
@@ -331,6 +336,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
                         .kv_full_bytes = need,
                         .scratch_bytes = scratch,
                         .margin_bytes = margin,
+                        .process_bytes = m->process_bytes,
                         .n_ctx = p->n_ctx,
                         .n_batch = p->n_batch};
     if (pl->expert_cache_bytes < m->expert_total_bytes)
@@ -367,7 +373,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     if (!best) {
         t.hot_bytes = ((uint64_t)kp.n_sink + 16) * per_slot;
         const uint64_t min = tr_kv_dram_bytes(&shape, &t);
-        char b8[32];
+        char b8[32], b9[32];
         if (kp.hot_bytes)
             st = tr_fail(err, TR_E_BUDGET,
                          "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
@@ -379,13 +385,14 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
             st = tr_fail(err, TR_E_BUDGET,
                          "KV cache auto: the KV of %d tokens needs %s in DRAM, or at least %s with a "
                          "cold pool; %s leaves %s (memory budget %s from %s - weights %s - scratch %s "
-                         "- margin %s): the least --mem-budget for this context is %s; raise "
-                         "--mem-budget or lower -c",
+                         "- the process %s - margin %s): the least --mem-budget for this context is "
+                         "%s; raise --mem-budget or lower -c",
                          p->n_ctx, mib(need, b1, sizeof b1), mib(min, b2, sizeof b2), why,
                          mib(share, b3, sizeof b3), mib(m->mem_cap, b4, sizeof b4), m->mem_source,
                          mib(weights, b5, sizeof b5), mib(scratch, b6, sizeof b6),
-                         mib(margin, b7, sizeof b7),
-                         mib(tenth_mib_up(auto_min_cap(&shape, t, weights + scratch, rec, ws_given, need)),
+                         mib(m->process_bytes, b9, sizeof b9), mib(margin, b7, sizeof b7),
+                         mib(tenth_mib_up(auto_min_cap(&shape, t, weights + scratch + PROCESS_LEAST(m),
+                                                       rec, ws_given, need)),
                              b8, sizeof b8));
         goto out;
     }
@@ -411,19 +418,22 @@ planned: {
     pl->kv_hot_bytes = r.policy == TR_KV_FULL ? need : r.hot_bytes ? r.hot_bytes : need;
     pl->kv_cold_bytes = tr_kv_cold_bytes_needed(&shape, &r);
     pl->total_bytes = pl->weight_bytes + pl->expert_cache_bytes + pl->kv_bytes + pl->scratch_bytes +
-                      pl->margin_bytes;
+                      pl->process_bytes + pl->margin_bytes;
     /* a budget the user gave is a promise: a plan over it is refused (an estimated cap, from the
      * cgroup or MemAvailable, only shows the plan as over it) */
     if (pl->total_bytes > m->mem_cap && !strcmp(m->mem_source, "--mem-budget")) {
         char c1[32], c2[32];
         st = tr_fail(err, TR_E_BUDGET,
                      "--mem-budget %s cannot hold the plan: weights %s + KV %s (%s, %d tokens) + "
-                     "scratch %s + margin = %s; the least --mem-budget for it is %s (or lower -c, "
+                     "scratch %s + the process %s + margin = %s; the least --mem-budget for it is %s (or lower -c, "
                      "or let the KV spill: --kv-policy auto, or a smaller --kv-hot)",
                      mib(m->mem_cap, b1, sizeof b1), mib(pl->weight_bytes + pl->expert_cache_bytes, b2, sizeof b2),
                      mib(pl->kv_bytes, b3, sizeof b3), tr_kv_policy_name(pl->kv_policy), p->n_ctx,
-                     mib(pl->scratch_bytes, b4, sizeof b4), mib(pl->total_bytes, c1, sizeof c1),
-                     mib(tenth_mib_up(min_cap(pl->total_bytes - pl->margin_bytes)), c2, sizeof c2));
+                     mib(pl->scratch_bytes, b4, sizeof b4), mib(pl->process_bytes, b5, sizeof b5),
+                     mib(pl->total_bytes, c1, sizeof c1),
+                     mib(tenth_mib_up(min_cap(pl->total_bytes - pl->margin_bytes - pl->process_bytes +
+                                              PROCESS_LEAST(m))),
+                         c2, sizeof c2));
     }
 }
 out:
