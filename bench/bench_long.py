@@ -6,13 +6,18 @@ Policies: full (every token in DRAM, the reference), offload, tiered and tiered 
 agent (--csd) with the hot pool --kv-policy auto picks under the memory budget, and auto under
 that budget (--mem-budget, below what the full KV needs). Per run: prefill time, decode tok/s,
 bytes read from storage in prefill and in decode, peak RSS (VmHWM), the plan's total, and how
-many of the 128 generated tokens equal full's greedy continuation (the agreeing prefix, and the
-position-wise share up to the first difference counts as the top-1 agreement there).
+many of the 128 generated tokens equal full's greedy continuation (the agreeing prefix). Then
+the quality on the same text, teacher-forced: the prompt followed by the next N_GEN tokens of the
+King James text, through `terrace logits --tail N_GEN` with each policy's flags (the prompt
+prefilled as the run does, each of those tokens a decode step with the policy's own selection):
+the perplexity of those tokens, and the share of positions whose argmax equals full's.
 
 usage: bench_long.py CASE...   CASE: smollm2-8k, qwen2-16k, qwen2-32k (each with its defaults)
-  env PROMPT_TOKENS=N shortens a case's prompt (the context stays); N_GEN (default 128)
+  env PROMPT_TOKENS=N shortens a case's prompt (the context stays); N_GEN (default 128);
+  POLICIES=full,tiered,auto runs only those (full always); QUALITY=0 skips the teacher-forced pass
 """
 import json
+import math
 import os
 import re
 import shutil
@@ -60,10 +65,29 @@ def run(args, env):
     return r.stderr
 
 
+def prompt_ids(err):
+    line = re.search(r"prompt tokens \(\d+\): ([\d ]*)", err)
+    return [int(x) for x in line.group(1).split()] if line else []
+
+
+def quality(m, ids, tail, ctx, flags, tmp, env):
+    """(argmax list, nll list) of the last `tail` of ids, teacher-forced (terrace logits --tail)"""
+    tf = os.path.join(tmp, "ids.txt")
+    with open(tf, "w") as f:
+        f.write(",".join(map(str, ids)))
+    r = subprocess.run([TERRACE, "logits", "-m", m, "--tokens", "@" + tf, "--tail", str(tail),
+                        "-c", str(ctx), "-t", "2", *flags], capture_output=True, text=True, env=env,
+                       errors="replace")
+    if r.returncode:
+        raise SystemExit(f"terrace logits {' '.join(flags)}: rc {r.returncode}\n{r.stderr[-2000:]}")
+    d = json.loads(r.stdout)
+    return d["top1"], d["nll"]
+
+
 def measure(name, m, pf, ctx, flags, tele, env):
     err = run(["-m", m, "-f", pf, "-c", str(ctx), "-n", str(N_GEN), "--ignore-eos", "--temp", "0",
-               "-t", "2", "--telemetry", tele, *flags], env)
-    g = {}
+               "-t", "2", "-v", "--telemetry", tele, *flags], env)
+    g = {"prompt_ids": prompt_ids(err), "flags": flags}
     p = re.search(r"prompt\s+(\d+) tokens\s+([\d.]+) ms", err)
     d = re.search(r"generated\s+(\d+) tokens\s+([\d.]+) ms\s+([\d.]+) tok/s", err)
     g["prompt"], g["prefill_s"] = int(p.group(1)), float(p.group(2)) / 1e3
@@ -111,21 +135,46 @@ def main():
         # auto first: its hot pool is the one the others get
         res["auto"] = measure("auto", m, pf, ctx, ["--mem-budget", budget], tele, env)
         hot = (res["auto"]["hot"] or "64") + "M"
+        want = os.environ.get("POLICIES", "").split(",") if os.environ.get("POLICIES") else None
         runs = [("full", ["--kv-policy", "full"]),
                 ("offload", ["--kv-policy", "offload", "--kv-hot", hot, "--kv-cold", cold]),
                 ("tiered", ["--kv-policy", "tiered", "--kv-hot", hot, "--kv-cold", cold]),
                 ("tiered + agent", ["--kv-policy", "tiered", "--kv-hot", hot, "--kv-cold", cold, "--csd"])]
         for name, flags in runs:
-            res[name] = measure(name, m, pf, ctx, flags, tele, env)
+            if want is None or name == "full" or name in want:
+                res[name] = measure(name, m, pf, ctx, flags, tele, env)
+        res["auto"]["flags"] = ["--mem-budget", budget]
         full = res["full"]
+        names = [n for n in ["full", "offload", "tiered", "tiered + agent", "auto"] if n in res]
+        # the text after the prompt, tokenized alone (neither tokenizer adds a BOS), N_GEN ids
+        qual = {}
+        if os.environ.get("QUALITY", "1") != "0":
+            cf = os.path.join(tmp, "after.txt")
+            with open(cf, "w") as f:
+                f.write(kjv(len(text) + 16 * N_GEN)[len(text):])
+            after = prompt_ids(run(["-m", m, "-f", cf, "-n", "0", "-v"], env))[:N_GEN]
+            ids = full["prompt_ids"] + after
+            for name in names:
+                qual[name] = quality(m, ids, len(after), ctx, res[name]["flags"], tmp, env)
+                print(f"  {name}: teacher-forced ppl {math.exp(sum(qual[name][1]) / len(after)):.4f}",
+                      file=sys.stderr, flush=True)
         print(f"\n### {key}: {m.split('/')[-1]}, -c {ctx}, {full['prompt']} prompt tokens, "
               f"{N_GEN} generated; auto under --mem-budget {budget}; hot pool {hot} for offload/tiered\n")
         print(f"auto: {res['auto']['note']}\n")
         print("| policy | prefill | vs full | decode tok/s | vs full | read in prefill | read in decode "
-              "| cold pool | peak RSS | plan (no margin) | tokens = full's (prefix of " + str(N_GEN) + ") |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for name in ["full", "offload", "tiered", "tiered + agent", "auto"]:
+              "| cold pool | peak RSS | plan (no margin) | tokens = full's (prefix of " + str(N_GEN) + ") "
+              "| ppl, next " + str(N_GEN) + " tokens of the text | top-1 = full's |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name in names:
             g = res[name]
+            if name in qual:
+                top1, nll = qual[name]
+                ppl = f"{math.exp(sum(nll) / len(nll)):.4f}"
+                agree1 = sum(a == b for a, b in zip(top1, qual["full"][0])) / len(top1)
+                q = f"{ppl} | {100 * agree1:.1f} %"
+            else:
+                q = "— | —"
+
             agree = 0
             for a, b in zip(g["ids"], full["ids"]):
                 if a != b:
@@ -134,7 +183,7 @@ def main():
             print(f"| {name} | {g['prefill_s']:.2f} s | {g['prefill_s'] / full['prefill_s']:.2f}x | "
                   f"{g['decode_tok_s']:.2f} | {g['decode_tok_s'] / full['decode_tok_s']:.2f}x | "
                   f"{g['read_prefill']:.1f} MiB | {g['read_decode']:.1f} MiB | {g['cold']:.1f} MiB | "
-                  f"{g['rss']:.1f} MiB | {g['plan']:.1f} MiB | {agree} |", flush=True)
+                  f"{g['rss']:.1f} MiB | {g['plan']:.1f} MiB | {agree} | {q} |", flush=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

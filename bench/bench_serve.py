@@ -38,6 +38,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+from serve_util import sse_events  # noqa: E402 (the SSE reader the serve tests use)
 TERRACE = "./build/terrace"
 PEER_PY = ".venv-peer/bin/python3"
 CG = "/sys/fs/cgroup/memory/terrace-bench-serve"
@@ -140,25 +142,18 @@ def one_request(port, i, max_tokens, out):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
     r = c.getresponse()
-    ttft, chunks, usage, buf = None, 0, None, b""
-    while True:
-        data = r.read1(65536)
-        if not data:
-            break
-        buf += data
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            for line in ev.split(b"\n"):
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                o = json.loads(line[6:])
-                if o.get("usage"):
-                    usage = o["usage"]["completion_tokens"]
-                for ch in o.get("choices") or []:
-                    if ch.get("text"):
-                        chunks += 1
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
+    ttft, chunks, usage = None, 0, None
+    for data in sse_events(r):
+        if data == "[DONE]":
+            continue
+        o = json.loads(data)
+        if o.get("usage"):
+            usage = o["usage"]["completion_tokens"]
+        for ch in o.get("choices") or []:
+            if ch.get("text"):
+                chunks += 1
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
     t1 = time.perf_counter()
     c.close()
     out.append({"t0": t0, "t1": t1, "ttft": ttft if ttft is not None else t1 - t0,

@@ -331,6 +331,9 @@ typedef struct tr_model_stats {
     uint64_t dense_bytes;           /* weights outside routed experts */
     uint64_t expert_total_bytes;    /* all routed experts in the file */
     uint64_t token_working_set;     /* one token's experts over all layers (top-k) */
+    uint64_t expert_policy_hidden_ns; /* the part of expert_policy_ns done while the compute
+                                         thread waited for a read anyway (no read landed
+                                         meanwhile): off the decode path */
 } tr_model_stats;
 TR_API void tr_model_get_stats(const tr_model *m, tr_model_stats *out);
 

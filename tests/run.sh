@@ -261,6 +261,12 @@ if need_testdata "expert policies on the shared trace" build/tests/test_policy \
     run "terrace replay vs the published curve [$ASAN_BUILD]" $PY tests/py/test_replay.py \
         "$ASAN_BUILD/terrace" "$TESTDATA/routes/qwen3-30b-a3b.route.csv" \
         "$TESTDATA/routes/qwen3-30b-a3b.curve.txt"
+    # the same floor on traces the policies were not developed on: recorded from the synthetic
+    # model of every MoE architecture (the release build runs them) and the shared trace's
+    # inversions (about a minute)
+    run "terrace replay: the floor on generated traces [build]" $PY tests/py/test_replay.py \
+        build/terrace "$TESTDATA/routes/qwen3-30b-a3b.route.csv" \
+        "$TESTDATA/routes/qwen3-30b-a3b.curve.txt" build/terrace
 fi
 
 # --- tokenizers against llama.cpp's test vectors ----------------------------------------------

@@ -567,6 +567,8 @@ static void check_attn(const tr_kernels *fast, tu_rng *r, double *worst) {
                              malloc(sizeof(float) * (size_t)n_q * hdv)};
             for (int i = 0; i < n_q * hdk; i++) q[i] = tu_normal(r) * (rep == 5 ? 6.0f : 2.0f);
             tr_attn_q qs[2][TR_ATTN_MAX_Q];
+            float qmax[2][TR_ATTN_MAX_Q];
+            double qsum[2][TR_ATTN_MAX_Q];
             const int32_t pos0 = (int32_t)(tu_next(r) % (uint64_t)(n_ctx - n_q));
             const int32_t swa = rep == 4 ? 37 : 0;
             for (int i = 0; i < n_q; i++) {
@@ -576,7 +578,7 @@ static void check_attn(const tr_kernels *fast, tu_rng *r, double *worst) {
                 const float sink = rep % 3 == 2 ? tu_normal(r) : -INFINITY;
                 for (int k = 0; k < 2; k++)
                     qs[k][i] = (tr_attn_q){q + (size_t)i * hdk, out[k] + (size_t)i * hdv, lo, pos,
-                                           sink};
+                                           sink, &qmax[k][i], &qsum[k][i]};
             }
             float *scratch = malloc(sizeof(float) * tr_attn_scratch_floats(n_ctx, hdk, hdv));
             tr_attn_f16_of(fast)(n_q, qs[0], &kv, scratch);
@@ -596,6 +598,17 @@ static void check_attn(const tr_kernels *fast, tu_rng *r, double *worst) {
                 }
                 for (int32_t t = 0; t < n; t++) sum += exp(sc[t] - mx);
                 if (a->sink != -INFINITY) sum += exp(a->sink - mx);
+                /* the max and denominator a caller merges partial calls with: both kernels
+                 * report their own, close to the double recomputation (the scores' f32 sums,
+                 * exp's few ulp) */
+                for (int k = 0; k < 2; k++) {
+                    const double em = fabs((double)qmax[k][i] - mx), es = fabs(qsum[k][i] - sum);
+                    TU_CHECK(em <= 1e-5 * (1.0 + fabs(mx)) * (double)(hdk + 8) &&
+                                 es <= 1e-5 * sum * (double)(hdk + 8),
+                             "%s attn hd %d/%d query %d (%s): max %.9g sum %.9g vs %.9g %.9g",
+                             fast->isa, hdk, hdv, i, k ? "ref" : "fast", qmax[k][i], qsum[k][i],
+                             mx, sum);
+                }
                 for (int d = 0; d < hdv; d++) {
                     double T = 0, A = 0;
                     for (int32_t t = 0; t < n; t++) {
@@ -696,7 +709,7 @@ static void check_nan(const tr_kernels *fast, tu_rng *r) {
     tr_attn_q qs[4];
     for (int i = 0; i < 4; i++) {
         for (int d = 0; d < hd; d++) q[i][d] = tu_normal(r);
-        qs[i] = (tr_attn_q){q[i], out[i], 0, n_ctx - 4 + i, -INFINITY};
+        qs[i] = (tr_attn_q){q[i], out[i], 0, n_ctx - 4 + i, -INFINITY, NULL, NULL};
     }
     q[2][5] = NAN;
     float *scratch = malloc(sizeof(float) * tr_attn_scratch_floats(n_ctx, hd, hd));

@@ -193,19 +193,20 @@ int main(int argc, char **argv) {
         free(lmix);
     }
 
-    /* a batch past the gemm's threshold: more decode rows than gemm_min_m, beside a chunk long
-     * enough for the gemm and a short one; every row equals its session alone */
+    /* a batch past the gemm's threshold: more decode rows than gemm_min_m, beside two chunks
+     * long enough for the gemm (side by side: one product for both) and a short one; every row
+     * equals its session alone */
     {
-        enum { ND = 18, NS = ND + 2, CH = 24, SH = 5 };
+        enum { ND = 18, NS = ND + 3, CH = 24, CH2 = 17, SH = 5 };
         tr_session_params gp = sp;
-        gp.n_batch = ND + CH + SH;
+        gp.n_batch = ND + CH + CH2 + SH;
         tr_session *g[NS];
-        int32_t gn[NS], gt[ND + CH + SH], nrow = 0;
+        int32_t gn[NS], gt[ND + CH + CH2 + SH], nrow = 0;
         for (int s = 0; s < NS; s++) {
             TU_CHECK(tr_session_create(m, &gp, &g[s], &err) == TR_OK, "%s", err.msg);
             TU_CHECK(tr_session_eval(g[s], toks + s % 20, 3 + s % 5, NULL, false, &err) == TR_OK,
                      "%s", err.msg);
-            gn[s] = s == 1 ? CH : s == 4 ? SH : 1; /* the chunks among the decode rows */
+            gn[s] = s == 1 ? CH : s == 2 ? CH2 : s == 5 ? SH : 1; /* chunks among decode rows */
             for (int i = 0; i < gn[s]; i++) gt[nrow++] = toks[(s * 7 + i) % N];
         }
         float *lg = malloc(sizeof(float) * NS * nv);
@@ -220,8 +221,8 @@ int main(int argc, char **argv) {
             worst = fmaxf(worst, max_diff(last, lg + (size_t)s * nv, (size_t)nv));
             tr_session_free(ref);
         }
-        printf("  batch of %d decode rows, a %d-token and a %d-token chunk: max |dlogit| to each "
-               "alone %.2e\n", ND, CH, SH, worst);
+        printf("  batch of %d decode rows, %d- and %d-token chunks side by side and a %d-token "
+               "chunk: max |dlogit| to each alone %.2e\n", ND, CH, CH2, SH, worst);
         TU_CHECK(worst <= TOL, "a gemm-sized batch differs from each alone by %g", worst);
         for (int s = 0; s < NS; s++) tr_session_free(g[s]);
         free(lg);

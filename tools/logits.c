@@ -5,9 +5,15 @@
  * Evaluates a token sequence and writes the logits of every position (raw little-endian f32,
  * [n_tokens][n_vocab]) to FILE, or prints the top-5 of each position. With --greedy N it instead
  * continues the sequence greedily for N tokens and prints {"tokens": [...], "margins": [...]}
- * (top-1 minus top-2 logit at each step). Used by the parity scripts to compare with llama.cpp on
- * the same file and tokens.
+ * (top-1 minus top-2 logit at each step). With --tail N the first n - N tokens are a prompt
+ * (one prefill, as a run computes it) and the last N are fed one at a time, each a decode step
+ * with the KV policy's own selection: it prints {"top1": [...], "nll": [...]}, the argmax and
+ * -log p(token) at each of those N positions (teacher-forced quality of the decoded region,
+ * bench/bench_long.py). --tokens @FILE reads the ids from FILE (long sequences exceed one
+ * argument's limit). Used by the parity scripts to compare with llama.cpp on the same file and
+ * tokens.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,14 +54,18 @@ static void logits_usage(FILE *f) {
                "  --tokens ID,...   the token ids to evaluate\n"
                "  --out FILE        every position's logits, raw little-endian f32 [n][n_vocab]\n"
                "  --top1 FILE       only each position's argmax (int32)\n"
-               "  --greedy N        continue greedily for N tokens; print tokens and margins\n\n");
+               "  --greedy N        continue greedily for N tokens; print tokens and margins\n"
+               "  --tail N          prefill all but the last N tokens, then feed those one at a\n"
+               "                    time (decode steps); print each one's argmax and -log p\n"
+               "  --tokens @FILE    read the ids from FILE\n\n");
     gen_print_common_flags(f);
 }
 
 int cmd_logits(int argc, char **argv) {
     /* this command's own flags are taken out here; the model, threads, batch, context, expert and
      * KV flags are the other commands' (gen_parse), so that each is defined once */
-    const char *tokens_arg = NULL, *out_path = NULL, *top1_path = NULL, *greedy_arg = NULL;
+    const char *tokens_arg = NULL, *out_path = NULL, *top1_path = NULL, *greedy_arg = NULL,
+               *tail_arg = NULL;
     char **rest = malloc((size_t)(argc + 1) * sizeof *rest);
     if (!rest) {
         cli_error("logits: out of memory");
@@ -68,6 +78,7 @@ int cmd_logits(int argc, char **argv) {
                            : !strcmp(argv[i], "--out") || !strcmp(argv[i], "-o") ? &out_path
                            : !strcmp(argv[i], "--top1")                           ? &top1_path
                            : !strcmp(argv[i], "--greedy")                         ? &greedy_arg
+                           : !strcmp(argv[i], "--tail")                           ? &tail_arg
                                                                                    : NULL;
         if (!dst) {
             rest[nrest++] = argv[i];
@@ -85,17 +96,49 @@ int cmd_logits(int argc, char **argv) {
     const bool parsed = gen_parse(nrest, rest, &o, "logits", logits_usage);
     free(rest);
     if (!parsed) return CLI_EXIT_USAGE;
-    long greedy = -1;
+    long greedy = -1, tail = -1;
     if (greedy_arg && !cli_parse_int("--greedy", greedy_arg, 0, 1 << 20, &greedy))
         return CLI_EXIT_USAGE;
+    if (tail_arg && !cli_parse_int("--tail", tail_arg, 1, 1 << 20, &tail)) return CLI_EXIT_USAGE;
+    if (tail > 0 && (greedy >= 0 || out_path || top1_path)) {
+        cli_error("logits: --tail prints its own results (not with --greedy, --out or --top1)");
+        return CLI_EXIT_USAGE;
+    }
     const char *model = o.model;
     if (!model || !tokens_arg) {
         cli_error("usage: terrace logits -m MODEL.gguf --tokens ID,ID,... [--out FILE] [-t N] [-b N]");
         return CLI_EXIT_USAGE;
     }
     int32_t *tokens = NULL, n = 0;
-    if (!parse_tokens(tokens_arg, &tokens, &n)) {
-        cli_error("--tokens expects comma-separated token ids, got '%s'", tokens_arg);
+    char *file_text = NULL;
+    if (tokens_arg[0] == '@') {
+        FILE *tf = fopen(tokens_arg + 1, "rb");
+        long len = -1;
+        if (tf && fseek(tf, 0, SEEK_END) == 0) len = ftell(tf);
+        if (len >= 0 && fseek(tf, 0, SEEK_SET) == 0 && (file_text = malloc((size_t)len + 1)) &&
+            fread(file_text, 1, (size_t)len, tf) == (size_t)len)
+            file_text[len] = 0;
+        else {
+            free(file_text);
+            file_text = NULL;
+        }
+        if (tf) fclose(tf);
+        if (!file_text) {
+            cli_error("--tokens %s: cannot read %s", tokens_arg, tokens_arg + 1);
+            return CLI_EXIT_ERROR;
+        }
+        tokens_arg = file_text;
+    }
+    const bool parsed_tokens = parse_tokens(tokens_arg, &tokens, &n);
+    if (!parsed_tokens) {
+        cli_error("--tokens expects comma-separated token ids, got '%.200s'", tokens_arg);
+        free(file_text);
+        return CLI_EXIT_USAGE;
+    }
+    free(file_text);
+    if (tail > 0 && tail >= n) {
+        cli_error("logits: --tail %ld needs more than %ld tokens (got %d)", tail, tail, n);
+        free(tokens);
         return CLI_EXIT_USAGE;
     }
     tr_error err = {0};
@@ -114,13 +157,15 @@ int cmd_logits(int argc, char **argv) {
     int rc = CLI_EXIT_ERROR;
     if (tr_model_load(model, &mp, &m, &err)) goto out;
     tr_session_params sp = session_params(&o);
-    /* every position's logits as decoding would compute them there (its own selection) */
-    sp.kv.prefill_select = true;
+    /* every position's logits as decoding would compute them there (its own selection); --tail:
+     * the prompt prefilled as a run does (exact), the tail's positions are decode steps */
+    sp.kv.prefill_select = tail < 0;
     sp.n_ctx = o.n_ctx ? o.n_ctx : n + (greedy > 0 ? (int32_t)greedy : 0);
     sp.n_batch = o.n_batch ? o.n_batch : 512;
     if (tr_session_create(m, &sp, &s, &err)) goto out;
     const int32_t nv = tr_model_n_vocab(m);
-    logits = malloc((size_t)n * nv * sizeof *logits);
+    /* --greedy and --tail read one row at a time */
+    logits = malloc((size_t)(greedy >= 0 || tail > 0 ? 1 : n) * nv * sizeof *logits);
     if (!logits) {
         snprintf(err.msg, sizeof err.msg, "out of memory for %d x %d logits", n, nv);
         goto out;
@@ -148,6 +193,46 @@ int cmd_logits(int argc, char **argv) {
         }
         printf("], \"margins\": [%s]}\n", margins);
         rc = 0;
+        goto out;
+    }
+    if (tail > 0) {
+        const int32_t n0 = n - (int32_t)tail;
+        int32_t *top1 = malloc((size_t)tail * sizeof *top1);
+        double *nll = malloc((size_t)tail * sizeof *nll);
+        bool ok = top1 && nll && !tr_session_eval(s, tokens, n0, logits, false, &err);
+        for (int32_t i = n0; ok && i < n; i++)
+            if (tokens[i] >= nv) {
+                snprintf(err.msg, sizeof err.msg, "token %d at %d: the vocabulary has %d", tokens[i],
+                         i, nv);
+                ok = false;
+            }
+        for (int32_t i = n0; ok && i < n; i++) {
+            /* position i's prediction of tokens[i], from the logits after tokens[..i) */
+            int32_t best = 0;
+            float mx = logits[0];
+            for (int32_t v = 1; v < nv; v++)
+                if (logits[v] > mx) {
+                    mx = logits[v];
+                    best = v;
+                }
+            double sum = 0.0;
+            for (int32_t v = 0; v < nv; v++) sum += exp((double)logits[v] - (double)mx);
+            top1[i - n0] = best;
+            nll[i - n0] = log(sum) - ((double)logits[tokens[i]] - (double)mx);
+            if (i + 1 < n) ok = !tr_session_eval(s, &tokens[i], 1, logits, false, &err);
+        }
+        if (ok) {
+            printf("{\"top1\": [");
+            for (long i = 0; i < tail; i++) printf("%s%d", i ? ", " : "", top1[i]);
+            printf("], \"nll\": [");
+            for (long i = 0; i < tail; i++) printf("%s%.6f", i ? ", " : "", nll[i]);
+            printf("]}\n");
+        } else if (!top1 || !nll) {
+            snprintf(err.msg, sizeof err.msg, "out of memory for %ld positions", tail);
+        }
+        free(top1);
+        free(nll);
+        if (ok) rc = 0;
         goto out;
     }
     if (tr_session_eval(s, tokens, n, logits, true, &err)) goto out;

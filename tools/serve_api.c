@@ -796,6 +796,28 @@ static void ollama_done(cJSON *o, const job_view *v) {
     cJSON_AddNumberToObject(o, "eval_duration", v->decode_ms * 1e6);
 }
 
+/* o = a response object with one choice, index 0, which is returned (NULL when out of memory:
+ * cJSON's adders take a NULL object as a no-op) */
+static cJSON *one_choice(server *s, api_req *r, const char *object, cJSON **o) {
+    *o = base_object(s, r, object);
+    cJSON *ch = cJSON_AddArrayToObject(*o, "choices"), *c = cJSON_CreateObject();
+    if (!ch || !c || !cJSON_AddItemToArray(ch, c)) {
+        cJSON_Delete(c);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(c, "index", 0);
+    return c;
+}
+
+/* the end of a streamed chunk's choice: logprobs, finish_reason (NULL: null) and, when the
+ * client asked for usage, "usage": null (only the last chunk carries the counts) */
+static void chunk_tail(const api_req *r, cJSON *o, cJSON *c, const char *finish) {
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+}
+
 static void emit(cJSON *o, sbuf *out, const char *pre, const char *post) {
     char *txt = o ? cJSON_PrintUnformatted(o) : NULL;
     if (!txt) {
@@ -881,11 +903,7 @@ void api_response(server *s, api_req *r, const char *text, size_t n, const job_v
     cJSON *o = NULL;
     switch (r->kind) {
     case API_CHAT: {
-        o = base_object(s, r, "chat.completion");
-        cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddItemToArray(ch, c);
-        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON *c = one_choice(s, r, "chat.completion", &o);
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
         sbuf rs = {0}, an = {0};
@@ -901,12 +919,8 @@ void api_response(server *s, api_req *r, const char *text, size_t n, const job_v
         break;
     }
     case API_COMPLETION: {
-        o = base_object(s, r, "text_completion");
-        cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddItemToArray(ch, c);
+        cJSON *c = one_choice(s, r, "text_completion", &o);
         cJSON_AddStringToObject(c, "text", t);
-        cJSON_AddNumberToObject(c, "index", 0);
         cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_name(v->finish));
         add_usage(o, v);
@@ -1022,19 +1036,13 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
         split_reply(r, piece, strlen(piece), end != NULL, &rs, &an);
         cJSON *calls = hold_tool_calls(r, &an, end != NULL, false);
         if (!r->role_sent || rs.len || an.len) {
-            o = base_object(s, r, "chat.completion.chunk");
-            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-            cJSON *c = cJSON_CreateObject();
-            cJSON_AddItemToArray(ch, c);
-            cJSON_AddNumberToObject(c, "index", 0);
+            cJSON *c = one_choice(s, r, "chat.completion.chunk", &o);
             cJSON *d = cJSON_AddObjectToObject(c, "delta");
             if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
             /* as llama-server streams them: reasoning_content pieces, then content pieces */
             if (rs.len) cJSON_AddStringToObject(d, "reasoning_content", sb_cstr(&rs));
             if (an.len || !rs.len) cJSON_AddStringToObject(d, "content", sb_cstr(&an));
-            cJSON_AddNullToObject(c, "logprobs");
-            cJSON_AddNullToObject(c, "finish_reason");
-            if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+            chunk_tail(r, o, c, NULL);
             emit(o, out, pre, post);
         }
         sb_free(&rs);
@@ -1043,29 +1051,16 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
             int i = 0;
             for (cJSON *call = calls->child; call; call = call->next)
                 cJSON_AddNumberToObject(call, "index", i++);
-            o = base_object(s, r, "chat.completion.chunk");
-            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-            cJSON *c = cJSON_CreateObject();
-            cJSON_AddItemToArray(ch, c);
-            cJSON_AddNumberToObject(c, "index", 0);
+            cJSON *c = one_choice(s, r, "chat.completion.chunk", &o);
             cJSON *d = cJSON_AddObjectToObject(c, "delta");
-            cJSON_AddItemToObject(d, "tool_calls", calls);
-            cJSON_AddNullToObject(c, "logprobs");
-            cJSON_AddNullToObject(c, "finish_reason");
-            if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+            if (!d || !cJSON_AddItemToObject(d, "tool_calls", calls)) cJSON_Delete(calls);
+            chunk_tail(r, o, c, NULL);
             emit(o, out, pre, post);
         }
         if (end) {
-            o = base_object(s, r, "chat.completion.chunk");
-            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-            cJSON *c = cJSON_CreateObject();
-            cJSON_AddItemToArray(ch, c);
-            cJSON_AddNumberToObject(c, "index", 0);
+            cJSON *c = one_choice(s, r, "chat.completion.chunk", &o);
             cJSON_AddObjectToObject(c, "delta");
-            cJSON_AddNullToObject(c, "logprobs");
-            cJSON_AddStringToObject(c, "finish_reason",
-                                    calls ? "tool_calls" : finish_name(end->finish));
-            if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+            chunk_tail(r, o, c, calls ? "tool_calls" : finish_name(end->finish));
             add_timings(o, end);
             emit(o, out, pre, post);
         }
@@ -1073,27 +1068,15 @@ void api_stream_chunk(server *s, api_req *r, const char *delta, size_t n, const 
     }
     case API_COMPLETION: {
         if (n || r->echo_text) {
-            o = base_object(s, r, "text_completion");
-            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-            cJSON *c = cJSON_CreateObject();
-            cJSON_AddItemToArray(ch, c);
+            cJSON *c = one_choice(s, r, "text_completion", &o);
             cJSON_AddStringToObject(c, "text", piece);
-            cJSON_AddNumberToObject(c, "index", 0);
-            cJSON_AddNullToObject(c, "logprobs");
-            cJSON_AddNullToObject(c, "finish_reason");
-            if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+            chunk_tail(r, o, c, NULL);
             emit(o, out, pre, post);
         }
         if (end) {
-            o = base_object(s, r, "text_completion");
-            cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-            cJSON *c = cJSON_CreateObject();
-            cJSON_AddItemToArray(ch, c);
+            cJSON *c = one_choice(s, r, "text_completion", &o);
             cJSON_AddStringToObject(c, "text", "");
-            cJSON_AddNumberToObject(c, "index", 0);
-            cJSON_AddNullToObject(c, "logprobs");
-            cJSON_AddStringToObject(c, "finish_reason", finish_name(end->finish));
-            if (r->include_usage) cJSON_AddNullToObject(o, "usage");
+            chunk_tail(r, o, c, finish_name(end->finish));
             add_timings(o, end);
             emit(o, out, pre, post);
         }

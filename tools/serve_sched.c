@@ -35,6 +35,7 @@ struct slot {
     job *j;
     slot_state st;
     int32_t n_fed;  /* prompt tokens in the session (reused + prefilled) */
+    int32_t n_kept; /* of them, reused from the slot's previous conversation */
     int32_t next;   /* SLOT_GEN: the sampled token the next step evaluates */
     uint64_t used;  /* the step it was last given a job, for least-recently-used choice */
     uint64_t admitted; /* admission order, for prefilling oldest first */
@@ -246,7 +247,7 @@ static void admit_locked(server *s, uint64_t step) {
         while (keep > 0 && !sl->start[keep]) keep--;
         tr_session_truncate(sl->sess, keep, &err);
         sl->n_held = keep;
-        sl->n_fed = keep;
+        sl->n_fed = sl->n_kept = keep;
         for (int32_t i = 0; i < j->n_prompt; i++) tr_sampler_accept(sl->smp, j->prompt[i]);
         sl->j = j;
         sl->st = SLOT_PREFILL;
@@ -306,6 +307,18 @@ static int by_admission(const void *a, const void *b) {
     return x->admitted < y->admitted ? -1 : x->admitted > y->admitted;
 }
 
+/* the next chunk of a prefilling slot's prompt: to the next multiple of the chunk size, or to
+ * the prompt's end */
+static int32_t chunk_of(const server *s, const slot *sl) {
+    const int32_t take = (sl->n_fed / s->chunk + 1) * s->chunk - sl->n_fed;
+    return take < sl->j->n_prompt - sl->n_fed ? take : sl->j->n_prompt - sl->n_fed;
+}
+
+/* the prompt still to prefill is its first chunk and its last */
+static bool one_chunk(const server *s, const slot *sl) {
+    return sl->n_fed == sl->n_kept && chunk_of(s, sl) == sl->j->n_prompt - sl->n_fed;
+}
+
 static void *sched_main(void *arg) {
     server *s = arg;
     const int32_t n_batch = tr_session_n_ctx(s->slots[0].sess) < s->cfg.gen.n_batch
@@ -314,6 +327,7 @@ static void *sched_main(void *arg) {
     slot **pre = calloc((size_t)s->n_slots, sizeof *pre);
     int32_t *sampled = calloc((size_t)s->n_slots, sizeof *sampled);
     uint64_t step = 0;
+    bool first_step = false; /* the last step held only one-chunk prompts */
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
         admit_locked(s, step);
@@ -328,29 +342,41 @@ static void *sched_main(void *arg) {
             if (s->q_len == 0) pthread_cond_wait(&s->sched_cv, &s->mu);
             continue;
         }
-        /* the step: generating slots first (one row each), then prompt chunks, oldest first */
-        int n = 0, rows = 0, n_pre = 0, n_dec = 0;
+        /* the step: generating slots first (one row each), then prompt chunks, oldest first.
+         * A prompt that is one chunk gets a step of its own, without the decode rows, unless
+         * the step before was one: the request's first token then waits for its chunk alone
+         * instead of the chunk and every other slot's decode row, and the others lose no time
+         * (the two steps cost about what the step with both does) while every other step still
+         * decodes them, so a burst of prompts never stalls them. A longer prompt's chunks all
+         * go beside the decode rows. */
+        int n = 0, rows = 0, n_pre = 0, n_dec = 0, n_gen = 0;
         for (int i = 0; i < s->n_slots; i++) {
-            slot *sl = &s->slots[i];
-            if (sl->st == SLOT_GEN) {
-                s->b_sess[n] = sl->sess;
-                s->b_ntok[n] = 1;
-                s->b_want[n] = true;
-                s->b_slot[n] = i;
-                s->b_tok[rows++] = sl->next;
-                n++;
-                n_dec++;
-            } else if (sl->st == SLOT_PREFILL) {
-                pre[n_pre++] = sl;
-            }
+            if (s->slots[i].st == SLOT_GEN) n_gen++;
+            else if (s->slots[i].st == SLOT_PREFILL) pre[n_pre++] = &s->slots[i];
         }
         qsort(pre, (size_t)n_pre, sizeof *pre, by_admission);
+        bool first_only = false;
+        if (n_gen > 0 && !first_step)
+            for (int k = 0; k < n_pre && !first_only; k++)
+                first_only = one_chunk(s, pre[k]);
+        first_step = first_only;
+        for (int i = 0; i < s->n_slots && !first_only; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->st != SLOT_GEN) continue;
+            s->b_sess[n] = sl->sess;
+            s->b_ntok[n] = 1;
+            s->b_want[n] = true;
+            s->b_slot[n] = i;
+            s->b_tok[rows++] = sl->next;
+            n++;
+            n_dec++;
+        }
         int32_t room = n_batch - rows;
         for (int k = 0; k < n_pre && room > 0; k++) {
             slot *sl = pre[k];
             const job *j = sl->j;
-            int32_t take = (sl->n_fed / s->chunk + 1) * s->chunk - sl->n_fed;
-            if (take > j->n_prompt - sl->n_fed) take = j->n_prompt - sl->n_fed;
+            const int32_t take = chunk_of(s, sl);
+            if (first_only && !one_chunk(s, sl)) continue;
             if (take > room) continue;
             s->b_sess[n] = sl->sess;
             s->b_ntok[n] = take;

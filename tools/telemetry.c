@@ -116,7 +116,7 @@ bool telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                 "\"bytes_read\": %llu, \"io_wait_ms\": %.3f, \"io_busy_ms\": %.3f, \"cache_bytes\": %llu, "
                 "\"budget_bytes\": %llu, \"evictions\": %llu, \"majflt\": %ld, \"minflt\": %ld, "
                 "\"prefetch_issued\": %llu, \"prefetch_used\": %llu, \"prefetch_wasted_bytes\": %llu, "
-                "\"policy_ms\": %.3f, \"protected_evictions\": %llu",
+                "\"policy_ms\": %.3f, \"policy_hidden_ms\": %.3f, \"protected_evictions\": %llu",
                 index, token, now - t->t0, tok_s, ttft_ms, rss, hit,
                 (unsigned long long)st.expert_hits, (unsigned long long)st.expert_misses,
                 (unsigned long long)st.expert_bytes_read, (double)st.expert_io_wait_ns / 1e6,
@@ -125,7 +125,7 @@ bool telem_token(telem *t, int32_t index, int32_t token, double ttft_ms, const g
                 (unsigned long long)st.expert_evictions, ru.ru_majflt, ru.ru_minflt,
                 (unsigned long long)st.prefetch_issued, (unsigned long long)st.prefetch_used,
                 (unsigned long long)st.prefetch_wasted_bytes, (double)st.expert_policy_ns / 1e6,
-                (unsigned long long)st.protected_evictions);
+                (double)st.expert_policy_hidden_ns / 1e6, (unsigned long long)st.protected_evictions);
         if (t->sess) {
             tr_kv_stats kv;
             tr_session_get_kv_stats(t->sess, &kv);

@@ -74,11 +74,8 @@ struct tr_adapt {
     bool cyc_single;
     int32_t *S; /* [HIST] similarity by lag (a sum of overlaps: an integer) */
     /* the W == 1 similarity update: popcounts by the POPCNT instruction where the CPU has it */
-    void (*sim_w1)(int32_t *S, uint16_t *last, const uint64_t *hist, uint64_t cur, int32_t ts,
+    void (*sim_w1)(int32_t *S, const uint64_t *hist, uint64_t cur, uint64_t prev, int32_t ts,
                    int32_t dmax);
-    /* [L][HIST] what layer l added to S[d] at the last token: the term to take out at the next
-     * (the window's oldest layer step), kept instead of recomputed */
-    uint16_t *last_ov;
     bool S_valid;
     int64_t S_tok;
     float *acc; /* [n_keys] the prediction of the current step */
@@ -113,11 +110,8 @@ static void similarity_full(tr_adapt *a, int64_t t, int32_t j) {
     const int32_t dmax = max_lag(t);
     for (int32_t d = 1; d <= dmax; d++) {
         int32_t s = 0;
-        for (int32_t m = 0; m < a->L; m++) {
-            const int o = m <= j ? overlap(a, t, t - d, m) : overlap(a, t - 1, t - 1 - d, m);
-            a->last_ov[(size_t)m * HIST + (size_t)d] = (uint16_t)o;
-            s += o;
-        }
+        for (int32_t m = 0; m < a->L; m++)
+            s += m <= j ? overlap(a, t, t - d, m) : overlap(a, t - 1, t - 1 - d, m);
         a->S[d] = s;
     }
     a->S_valid = true;
@@ -125,7 +119,11 @@ static void similarity_full(tr_adapt *a, int64_t t, int32_t j) {
 }
 
 /* S moves from the window ending before layer j of token t to the one ending at it: layer j of
- * token t comes in, layer j of token t-1 (stored when it came in) goes out */
+ * token t comes in, layer j of token t-1 goes out. The term going out is recomputed from the
+ * ring rather than kept from when it came in: token t-1-d's mask is the neighbour of token
+ * t-d's, on the line the update reads anyway, so a kept copy would only add lines to touch.
+ * (Every MoE layer is routed once per token, so token t-1's layer j is the step the kept term
+ * came from; the lags reach t-1-d >= t+1-HIST, still in the ring.) */
 static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
     if (!a->S_valid || (a->S_tok != t && a->S_tok != t - 1)) {
         similarity_full(a, t, j);
@@ -133,41 +131,36 @@ static void similarity_step(tr_adapt *a, int64_t t, int32_t j) {
     }
     const int32_t dmax = max_lag(t);
     const uint64_t *cur = mask_at(a, t, j);
-    uint16_t *last = a->last_ov + (size_t)j * HIST;
     if (a->W == 1) {
-        a->sim_w1(a->S, last, a->ring + (size_t)j * HIST, cur[0], (int32_t)(t % HIST), dmax);
+        const uint64_t *prev = mask_at(a, t - 1, j);
+        a->sim_w1(a->S, a->ring + (size_t)j * HIST, cur[0], prev ? prev[0] : 0,
+                  (int32_t)(t % HIST), dmax);
     } else {
-        for (int32_t d = 1; d <= dmax; d++) {
-            const int o = overlap(a, t, t - d, j);
-            a->S[d] += o - last[d];
-            last[d] = (uint16_t)o;
-        }
+        for (int32_t d = 1; d <= dmax; d++)
+            a->S[d] += overlap(a, t, t - d, j) - overlap(a, t - 1, t - 1 - d, j);
     }
     a->S_tok = t;
 }
 
 /* One layer's share of the similarity update for one-word masks: for every lag d, the overlap
  * of cur with the choice d tokens earlier (ring slot (ts - d) mod HIST: HIST is a power of two,
- * so the mask also maps the lags that wrap) replaces the one this layer added a token ago. */
+ * so the mask also maps the lags that wrap) replaces that of prev (the token before's choice)
+ * with the one d tokens before it. */
 _Static_assert((HIST & (HIST - 1)) == 0, "HIST is a power of two");
-static void sim_w1_ref(int32_t *S, uint16_t *last, const uint64_t *hist, uint64_t cur, int32_t ts,
+static void sim_w1_ref(int32_t *S, const uint64_t *hist, uint64_t cur, uint64_t prev, int32_t ts,
                        int32_t dmax) {
-    for (int32_t d = 1; d <= dmax; d++) {
-        const int o = popcount64(cur & hist[(ts - d) & (HIST - 1)]);
-        S[d] += o - last[d];
-        last[d] = (uint16_t)o;
-    }
+    for (int32_t d = 1; d <= dmax; d++)
+        S[d] += popcount64(cur & hist[(ts - d) & (HIST - 1)]) -
+                popcount64(prev & hist[(ts - 1 - d) & (HIST - 1)]);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("popcnt"))) static void sim_w1_popcnt(int32_t *S, uint16_t *last,
-                                                            const uint64_t *hist, uint64_t cur,
+__attribute__((target("popcnt"))) static void sim_w1_popcnt(int32_t *S, const uint64_t *hist,
+                                                            uint64_t cur, uint64_t prev,
                                                             int32_t ts, int32_t dmax) {
-    for (int32_t d = 1; d <= dmax; d++) {
-        const int o = __builtin_popcountll(cur & hist[(ts - d) & (HIST - 1)]);
-        S[d] += o - last[d];
-        last[d] = (uint16_t)o;
-    }
+    for (int32_t d = 1; d <= dmax; d++)
+        S[d] += __builtin_popcountll(cur & hist[(ts - d) & (HIST - 1)]) -
+                __builtin_popcountll(prev & hist[(ts - 1 - d) & (HIST - 1)]);
 }
 #endif
 
@@ -253,7 +246,6 @@ void tr_adapt_free(tr_adapt *a) {
     free(a->ids);
     free(a->n_ids);
     free(a->S);
-    free(a->last_ov);
     free(a->acc);
     free(a->nb_lag);
     free(a->nb_s);
@@ -277,7 +269,7 @@ tr_adapt *tr_adapt_create(int32_t n_layer, int32_t n_expert, int32_t n_expert_us
     const size_t id_rows = (size_t)a->L * HIST, id_words = id_rows * (size_t)a->K;
     if (n_expert > 65536 || !ALLOC(a->ring, ring_words) ||
         !ALLOC(a->ids, id_words) || !ALLOC(a->n_ids, id_rows) ||
-        !ALLOC(a->S, HIST) || !ALLOC(a->last_ov, id_rows) || !ALLOC(a->acc, a->n_keys) ||
+        !ALLOC(a->S, HIST) || !ALLOC(a->acc, a->n_keys) ||
         !ALLOC(a->nb_lag, NEIGH) || !ALLOC(a->nb_s, NEIGH)) {
         tr_adapt_free(a);
         return NULL;
@@ -611,6 +603,13 @@ void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert) {
     if (d->seen[k] == d->step + 1) return;
     d->seen[k] = d->step + 1;
     d->step_ex[d->step_n++] = expert;
+}
+
+bool tr_duel_feed_now(tr_duel *d) {
+    if (!d->step_single || d->step_layer < 0 || !d->step_n) return false;
+    const bool work = d->sampled[d->step_layer];
+    flush_step(d);
+    return work;
 }
 
 int tr_duel_lead(const tr_duel *d) { return d->lead; }

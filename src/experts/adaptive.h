@@ -61,6 +61,12 @@ void tr_duel_free(tr_duel *d);
 void tr_duel_route(tr_duel *d, int32_t layer, const tr_policy_route_info *info);
 /* one lookup of the real cache */
 void tr_duel_access(tr_duel *d, int32_t layer, int32_t expert);
+/* feeds the shadows the current decode step's lookups now rather than at the next route (the
+ * expert cache calls it when its thread has to wait for a read anyway); false when there was
+ * nothing to feed. Only a decode step, whose lookups all come in one acquire: the shadows then
+ * see the same steps, and the leader and the predictor, which do not move before the next
+ * route, are not affected. */
+bool tr_duel_feed_now(tr_duel *d);
 int tr_duel_lead(const tr_duel *d); /* a rule (tr_policy_rule_name) */
 const float *tr_duel_predict(tr_duel *d);
 void tr_duel_lead_steps(const tr_duel *d, uint64_t *out); /* [TR_POLICY_N_RULES] */

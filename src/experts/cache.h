@@ -145,6 +145,8 @@ typedef struct tr_expert_stats {
     uint64_t policy_ns;              /* compute thread's time in the policy's decisions (routes,
                                         acquires, releases, protection: the policy's calls and the
                                         bookkeeping around them, under the lock) */
+    uint64_t policy_hidden_ns;       /* the part of policy_ns spent while the thread waited for
+                                        a read no read finished during (off the decode path) */
     uint64_t protected_evictions;    /* lookahead-protected experts evicted (nothing else left) */
     bool direct_io;                  /* O_DIRECT in use (for every file; false when any file
                                         fell back to buffered pread) */

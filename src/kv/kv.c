@@ -239,7 +239,7 @@ tr_status tr_kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, tr_kv_pla
     d += n_ctx * (4 + 4 + 4 + 1 + 1) + (uint64_t)o->n_pages * 4; /* selection scratch */
     if (p->spec) d += 2 * n_ctx * (4 + 1);                        /* two layers' lists */
     d += nh * ((uint64_t)o->hdk_pad * 4 + o->q8row);             /* quantized query */
-    d += (uint64_t)o->n_scratch * TR_KV_TILE_ROWS * (ws * 6 + (uint64_t)s->head_dim_k * 2);
+    d += (uint64_t)o->n_scratch * tr_kv_attn_floats(s, (int32_t)ws, NULL) * 4; /* attention */
     o->row_block = p->max_rows > TR_KV_ROW_BLOCK ? p->max_rows : TR_KV_ROW_BLOCK;
     d += (uint64_t)o->row_block * (nh * 12 + 8);        /* softmax state, ranges */
     if (o->cold) d += TR_KV_GATHERS * ws * (sizeof(tr_io_job) + 4); /* gather jobs */

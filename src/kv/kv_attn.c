@@ -20,6 +20,15 @@ static void init_tables(void) {
 
 void tr_kv_tables_init(void) { pthread_once(&tables_once, init_tables); }
 
+size_t tr_kv_attn_floats(const tr_kv_shape *s, int32_t ws_cap, size_t *kernel) {
+    size_t k = tr_attn_scratch_floats(ws_cap, s->head_dim_k, s->head_dim_v);
+    const size_t one = ((size_t)ws_cap * 6 + (size_t)s->head_dim_k * 2 + 3) / 4; /* attend_one */
+    if (k < one) k = one;
+    k = (k + 15) & ~(size_t)15;
+    if (kernel) *kernel = k;
+    return k + (((size_t)TR_ATTN_MAX_Q * (size_t)s->head_dim_v + 15) & ~(size_t)15);
+}
+
 #define KV_INLINE_WORK (1u << 20)
 
 void tr_kv_run(tr_pool *pool, tr_pool_fn fn, void *ctx, uint64_t work) {
@@ -45,6 +54,9 @@ typedef struct attn_job {
     const float *sinks;
     float *out;
     size_t out_stride;
+    /* rows > 1: tiles of rows_per_block rows × heads_per_task query heads of a KV head, n_sub
+     * tiles per KV head and row block */
+    int32_t rows_per_block, n_blocks, heads_per_task, n_sub;
     int32_t c0, c1; /* chunk: indices [c0, c1) of the gathered list ... */
     int32_t slot0;  /* ... held in working-set slots slot0 + (i - c0) */
     atomic_int_fast64_t next;
@@ -101,9 +113,10 @@ static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
     const int32_t n = hi > lo ? hi - lo : 0;
     const int32_t sbase = j->slot0 - j->c0; /* slot of list index i: sbase + i */
 
-    float *sc = P->th_s + (size_t)ith * (size_t)st->ws_cap;
-    uint16_t *p16 = P->th_p + (size_t)ith * (size_t)st->ws_cap;
-    uint16_t *q16 = P->th_q + (size_t)ith * (size_t)hdk;
+    /* the thread's scratch: scores [ws_cap], weights as F16 [ws_cap], the query as F16 [hdk] */
+    float *sc = P->th_k + (size_t)ith * P->th_floats;
+    uint16_t *p16 = (uint16_t *)(sc + st->ws_cap);
+    uint16_t *q16 = p16 + st->ws_cap;
     const float *q = j->q + (size_t)r * j->q_stride + (size_t)h * hdk;
     for (int32_t d = 0; d < hdk; d++) q16[d] = tr_f32_to_f16(q[d]);
     const tr_vec_dot_fn dot16 = kv->kern->vec_dot[TR_TYPE_F16];
@@ -176,125 +189,98 @@ static void attend_one(attn_job *j, int ith, int32_t r, int32_t h) {
     *l_st = l;
 }
 
-/* A block of up to TR_KV_TILE_ROWS rows of one head (a prefill chunk): the same computation as
- * attend_one for each row, with every key and value row of the list loaded once for the whole
- * block instead of once per row (a row walks its list at the stride of a record, so one pass per
- * row made a long chunk's attention bound by memory). Each row's scores, softmax and ascending
- * sum of values are attend_one's, so the outputs are identical to it. */
-static void attend_block(attn_job *j, int ith, int32_t r0, int32_t nr, int32_t h) {
+/* Rows [r0, r1) × query heads [h0, h1) of KV head kvh (a prefill chunk) as one tile of the
+ * attention kernel (kernels.h attn_f16), the full policy's: each block of the list's keys and
+ * values is converted once for the whole tile, where one pass per (row, head) walked the list at
+ * the stride of a record and made a long chunk's attention bound by memory. The working set's
+ * slots hold K then V per record, so the kernel reads K and V as rows at the record's stride.
+ * PASS_EXACT: the tile's softmax is the whole one. PASS_CHUNK: the kernel attends the chunk's
+ * part of each row's range, and its normalised output, max and denominator are merged into the
+ * row's running state (online softmax; the sink was counted when the state was initialised). */
+static void attend_tile(attn_job *j, int ith, int32_t r0, int32_t r1, int32_t h0, int32_t h1) {
     const tr_kv *kv = j->kv;
     tr_kv_pooled *P = j->P;
     const tr_kv_store *st = &P->st;
-    const int32_t hdk = kv->shape.head_dim_k, hdv = kv->shape.head_dim_v;
-    const int32_t g = h / (kv->shape.n_head / kv->shape.n_head_kv), nh = kv->shape.n_head;
-    const bool has_sink = j->sinks != NULL;
-    const float sink = has_sink ? j->sinks[h] : -INFINITY;
-    const size_t cap = (size_t)st->ws_cap;
-    float *sc = P->th_s + (size_t)ith * cap * TR_KV_TILE_ROWS;
-    uint16_t *p16 = P->th_p + (size_t)ith * cap * TR_KV_TILE_ROWS;
-    uint16_t *q16 = P->th_q + (size_t)ith * (size_t)hdk * TR_KV_TILE_ROWS;
-    const tr_vec_dot_fn dot16 = kv->kern->vec_dot[TR_TYPE_F16];
-    const tr_axpy_f16_fn axpy = tr_axpy_f16_of(kv->kern);
-    const int32_t sbase = j->slot0 - j->c0;
-    int32_t lo[TR_KV_TILE_ROWS], hi[TR_KV_TILE_ROWS], ulo = INT32_MAX, uhi = INT32_MIN;
-    float *out[TR_KV_TILE_ROWS];
-    bool live[TR_KV_TILE_ROWS]; /* the row sums values */
-    for (int32_t k = 0; k < nr; k++) {
-        const int32_t r = r0 + k;
-        lo[k] = P->vlo[r];
-        hi[k] = P->vhi[r];
-        out[k] = j->out + (size_t)r * j->out_stride + (size_t)h * hdv;
-        if (j->pass == PASS_CHUNK) {
-            if (j->first) {
-                P->st_m[(size_t)r * nh + h] = sink;
-                P->st_l[(size_t)r * nh + h] = has_sink ? 1.0 : 0.0;
-                memset(out[k], 0, (size_t)hdv * sizeof(float));
+    const int32_t hdk = kv->shape.head_dim_k, hdv = kv->shape.head_dim_v, nh = kv->shape.n_head;
+    const int32_t g = h0 / (nh / kv->shape.n_head_kv);
+    const bool chunk = j->pass == PASS_CHUNK;
+    float *scratch = P->th_k + (size_t)ith * P->th_floats;
+    float *tmp = scratch + P->th_attn; /* [TR_ATTN_MAX_Q][hdv]: a chunk's outputs */
+    tr_attn_q qs[TR_ATTN_MAX_Q];
+    float cm[TR_ATTN_MAX_Q];
+    double cl[TR_ATTN_MAX_Q];
+    int32_t qr[TR_ATTN_MAX_Q], qh[TR_ATTN_MAX_Q]; /* each query's row and head */
+    int n = 0;
+    for (int32_t r = r0; r < r1; r++)
+        for (int32_t h = h0; h < h1; h++) {
+            float *out = j->out + (size_t)r * j->out_stride + (size_t)h * hdv;
+            float *m_st = &P->st_m[(size_t)r * nh + h];
+            double *l_st = &P->st_l[(size_t)r * nh + h];
+            const float sink = j->sinks ? j->sinks[h] : -INFINITY;
+            int32_t lo = P->vlo[r], hi = P->vhi[r];
+            if (chunk) {
+                if (j->first) {
+                    *m_st = sink;
+                    *l_st = j->sinks ? 1.0 : 0.0;
+                    memset(out, 0, (size_t)hdv * sizeof(float));
+                }
+                if (lo < j->c0) lo = j->c0;
+                if (hi > j->c1) hi = j->c1;
             }
-            if (lo[k] < j->c0) lo[k] = j->c0;
-            if (hi[k] > j->c1) hi[k] = j->c1;
-        }
-        if (hi[k] < lo[k]) hi[k] = lo[k];
-        if (hi[k] > lo[k]) {
-            if (lo[k] < ulo) ulo = lo[k];
-            if (hi[k] > uhi) uhi = hi[k];
-        }
-        const float *q = j->q + (size_t)r * j->q_stride + (size_t)h * hdk;
-        for (int32_t d = 0; d < hdk; d++) q16[(size_t)k * hdk + d] = tr_f32_to_f16(q[d]);
-    }
-    /* scores: each key row once for the block */
-    for (int32_t t = ulo; t < uhi; t++) {
-        const uint16_t *kr = ws_k(st, hdk, sbase + t, g);
-        const bool skipped = j->skip && j->skip[t];
-        for (int32_t k = 0; k < nr; k++) {
-            if (t < lo[k] || t >= hi[k]) continue;
-            float v = -INFINITY;
-            if (!skipped) {
-                dot16(hdk, &v, kr, q16 + (size_t)k * hdk);
-                v *= j->scale;
-            }
-            sc[(size_t)k * cap + (size_t)(t - lo[k])] = v;
-        }
-    }
-    /* per row: the softmax (exact) or the online-softmax step (chunk) into F16 weights */
-    for (int32_t k = 0; k < nr; k++) {
-        const int32_t r = r0 + k, n = hi[k] - lo[k];
-        float *s = sc + (size_t)k * cap;
-        uint16_t *p = p16 + (size_t)k * cap;
-        float *m_st = &P->st_m[(size_t)r * nh + h];
-        double *l_st = &P->st_l[(size_t)r * nh + h];
-        float mx = -INFINITY;
-        for (int32_t i = 0; i < n; i++)
-            if (s[i] > mx) mx = s[i];
-        live[k] = false;
-        if (j->pass == PASS_EXACT) {
-            memset(out[k], 0, (size_t)hdv * sizeof(float));
-            if (sink > mx) mx = sink;
-            if (mx == -INFINITY) {
-                *m_st = mx;
-                *l_st = 0.0;
+            if (hi <= lo) { /* no key of this row here */
+                if (!chunk) { /* attend_one's result with no keys: the sink alone, or nothing */
+                    memset(out, 0, (size_t)hdv * sizeof(float));
+                    *m_st = sink;
+                    *l_st = sink == -INFINITY ? 0.0 : 1.0;
+                }
                 continue;
             }
-            double sum = 0.0;
-            for (int32_t i = 0; i < n; i++) {
-                const float e = expf(s[i] - mx);
-                s[i] = e;
-                sum += (double)e;
-            }
-            if (has_sink) sum += (double)expf(sink - mx);
-            *m_st = mx;
-            *l_st = sum;
-            const float inv = (float)(1.0 / sum);
-            for (int32_t i = 0; i < n; i++) p[i] = tr_f32_to_f16(s[i] * inv);
-            live[k] = n > 0;
-            continue;
+            qs[n] = (tr_attn_q){
+                .q = j->q + (size_t)r * j->q_stride + (size_t)h * hdk,
+                .out = chunk ? tmp + (size_t)n * hdv : out,
+                .lo = lo - j->c0, /* the kernel's positions: slots from slot0 */
+                .hi = hi - 1 - j->c0,
+                .sink = chunk ? -INFINITY : sink,
+                .max = chunk ? &cm[n] : m_st,
+                .sum = chunk ? &cl[n] : l_st,
+            };
+            qr[n] = r;
+            qh[n] = h;
+            n++;
         }
-        if (!n) continue;
+    if (!n) return;
+    const tr_attn_kv akv = {
+        .k = ws_k(st, hdk, j->slot0, g),
+        .k_pos = st->rec / 2,
+        .v = ws_v(st, hdv, j->slot0, g),
+        .v_pos = st->rec / 2,
+        .v_dim = 1,
+        .hd_k = hdk,
+        .hd_v = hdv,
+        .scale = j->scale,
+    };
+    tr_attn_f16_of(kv->kern)(n, qs, &akv, scratch);
+    if (!chunk) return;
+    for (int i = 0; i < n; i++) {
+        const int32_t r = qr[i], h = qh[i];
+        float *out = j->out + (size_t)r * j->out_stride + (size_t)h * hdv;
+        float *m_st = &P->st_m[(size_t)r * nh + h];
+        double *l_st = &P->st_l[(size_t)r * nh + h];
         float m = *m_st;
         double l = *l_st;
-        if (mx > m) {
-            const float f = m == -INFINITY ? 0.0f : expf(m - mx);
-            for (int32_t d = 0; d < hdv; d++) out[k][d] *= f;
+        if (cm[i] > m) {
+            const float f = m == -INFINITY ? 0.0f : expf(m - cm[i]);
+            for (int32_t d = 0; d < hdv; d++) out[d] *= f;
             l *= (double)f;
-            m = mx;
+            m = cm[i];
         }
-        if (m == -INFINITY) continue;
-        for (int32_t i = 0; i < n; i++) {
-            const float e = expf(s[i] - m);
-            l += (double)e;
-            p[i] = tr_f32_to_f16(e);
-        }
+        /* the chunk's Σ p·v is normalised by its own denominator: weigh it by that, at m */
+        const double w = cl[i] * (double)expf(cm[i] - m);
+        const float wf = (float)w;
+        const float *o = qs[i].out;
+        for (int32_t d = 0; d < hdv; d++) out[d] += wf * o[d];
         *m_st = m;
-        *l_st = l;
-        live[k] = true;
-    }
-    /* values: each value row once for the block, each row's sum in ascending key order */
-    for (int32_t t = ulo; t < uhi; t++) {
-        const uint16_t *vr = ws_v(st, hdv, sbase + t, g);
-        for (int32_t k = 0; k < nr; k++) {
-            if (!live[k] || t < lo[k] || t >= hi[k]) continue;
-            const uint16_t w = p16[(size_t)k * cap + (size_t)(t - lo[k])];
-            if (w) axpy(hdv, out[k], vr, tr_kv_f16[w]);
-        }
+        *l_st = l + w;
     }
 }
 
@@ -304,13 +290,22 @@ static void attn_task(void *ctx, int ith, int nth) {
     if (ith >= j->P->n_scratch) return; /* a pool bigger than planned: the others do the work */
     const int32_t nh = j->kv->shape.n_head;
     int64_t b, e;
-    if (j->pass != PASS_FINAL && j->rows > 1 && !j->keep) {
-        const int32_t nb = (j->rows + TR_KV_TILE_ROWS - 1) / TR_KV_TILE_ROWS;
-        while (tr_claim(&j->next, (int64_t)nb * nh, 1, &b, &e))
+    if (j->pass != PASS_FINAL && j->rows > 1 && !j->keep && !j->skip) {
+        /* tiles as the full policy makes them: the last rows first (they see the most keys,
+         * and the threads then finish together) */
+        const int32_t G = nh / j->kv->shape.n_head_kv;
+        const int64_t per_block = (int64_t)j->kv->shape.n_head_kv * j->n_sub;
+        const int64_t total = (int64_t)j->n_blocks * per_block;
+        while (tr_claim(&j->next, total, 1, &b, &e))
             for (int64_t i = b; i < e; i++) {
-                const int32_t r0 = (int32_t)(i / nh) * TR_KV_TILE_ROWS;
-                const int32_t nr = j->rows - r0 < TR_KV_TILE_ROWS ? j->rows - r0 : TR_KV_TILE_ROWS;
-                attend_block(j, ith, r0, nr, (int32_t)(i % nh));
+                const int32_t blk = j->n_blocks - 1 - (int32_t)(i / per_block);
+                const int32_t kvh = (int32_t)(i % per_block / j->n_sub), sub = (int32_t)(i % j->n_sub);
+                const int32_t h0 = kvh * G + sub * j->heads_per_task;
+                const int32_t h1 = h0 + j->heads_per_task < (kvh + 1) * G ? h0 + j->heads_per_task
+                                                                         : (kvh + 1) * G;
+                const int32_t r0 = blk * j->rows_per_block;
+                const int32_t r1 = r0 + j->rows_per_block < j->rows ? r0 + j->rows_per_block : j->rows;
+                attend_tile(j, ith, r0, r1, h0, h1);
             }
         return;
     }
@@ -430,6 +425,18 @@ tr_status tr_kv_attend_list(tr_kv *kv, tr_pool *pool, int32_t layer, int32_t row
                   .sinks = sinks,
                   .out = out,
                   .out_stride = out_stride};
+    /* the tiles, as the full policy sizes them: fewer tiles than a few per thread -> smaller
+     * head groups */
+    const int32_t G = kv->shape.n_head / kv->shape.n_head_kv;
+    const int nth = pool ? tr_pool_size(pool) : 1;
+    j.heads_per_task = G < TR_ATTN_MAX_Q ? G : TR_ATTN_MAX_Q;
+    j.rows_per_block = TR_ATTN_MAX_Q / j.heads_per_task;
+    j.n_blocks = (rows + j.rows_per_block - 1) / j.rows_per_block;
+    while (j.heads_per_task > 1 &&
+           (int64_t)j.n_blocks * kv->shape.n_head_kv * ((G + j.heads_per_task - 1) / j.heads_per_task) <
+               4 * nth)
+        j.heads_per_task = (j.heads_per_task + 1) / 2;
+    j.n_sub = (G + j.heads_per_task - 1) / j.heads_per_task;
     atomic_init(&j.next, 0);
     tr_status st;
     if (started || tr_kv_pipelined(P, nT)) {

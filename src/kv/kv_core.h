@@ -29,9 +29,6 @@
  * plan's row_block goes in blocks); also the rows of a call the host's key ring is sized for when
  * max_rows is 0 */
 #define TR_KV_ROW_BLOCK 512
-/* rows of one head a prefill chunk's attention computes together, sharing each key and value row
- * it loads (per-thread scratch: scores and weights of that many rows) */
-#define TR_KV_TILE_ROWS 8
 
 typedef struct tr_kv_ops {
     tr_status (*append)(tr_kv *kv, int32_t layer, const float *k, const float *v, tr_error *err);
@@ -88,6 +85,10 @@ static inline uint64_t tr_kv_round_up(uint64_t x, uint64_t a) { return (x + a - 
  * ~5x faster than the bit-twiddling conversion in portable C */
 extern float tr_kv_f16[65536];
 void tr_kv_tables_init(void);
+/* floats of one thread's scratch for the pooled policies' attention over ws_cap gathered keys
+ * (kv_attn.c: the attention kernel's tile, its outputs, or one row's scores and weights);
+ * *kernel: where the tile's outputs start */
+size_t tr_kv_attn_floats(const tr_kv_shape *s, int32_t ws_cap, size_t *kernel);
 /* run fn on the pool, or inline as thread 0 of 1 without one or when the work (multiply-adds) is
  * too small to pay for waking the workers (a prefill calls this per row and layer) */
 void tr_kv_run(tr_pool *pool, tr_pool_fn fn, void *ctx, uint64_t work);

@@ -36,7 +36,7 @@ tr_status tr_kv_pooled_init(tr_kv *kv, tr_kv_pooled *P, const tr_kv_plan *pl,
     P->n_scratch = pl->n_scratch;
     tr_status st = tr_kv_store_init(&P->st, s, p, pl, own_ws, total, err);
     if (st) return st;
-    const size_t n_ctx = (size_t)s->n_ctx, nh = (size_t)s->n_head, hdk = (size_t)s->head_dim_k;
+    const size_t n_ctx = (size_t)s->n_ctx, nh = (size_t)s->n_head;
     bool ok = true;
 #define ALLOC(ptr, n, align)                                                                       \
     do {                                                                                           \
@@ -48,11 +48,9 @@ tr_status tr_kv_pooled_init(tr_kv *kv, tr_kv_pooled *P, const tr_kv_plan *pl,
     ALLOC(P->cscore, n_ctx * 4, 0);
     ALLOC(P->mark, n_ctx, 0);
     ALLOC(P->skip, n_ctx, 0);
-    /* per thread: scores, weights and F16 query of a tile of rows (kv_attn.c) */
-    const size_t tile = (size_t)pl->n_scratch * TR_KV_TILE_ROWS;
-    ALLOC(P->th_s, tile * (size_t)pl->ws_cap * 4, 64);
-    ALLOC(P->th_p, tile * (size_t)pl->ws_cap * 2, 64);
-    ALLOC(P->th_q, tile * hdk * 2, 64);
+    /* per thread: the attention's scratch (kv_attn.c) */
+    P->th_floats = tr_kv_attn_floats(s, pl->ws_cap, &P->th_attn);
+    ALLOC(P->th_k, (size_t)pl->n_scratch * P->th_floats * 4, 64);
     const size_t rb = (size_t)pl->row_block;
     ALLOC(P->st_m, rb * nh * 4, 0);
     ALLOC(P->st_l, rb * nh * 8, 0);
@@ -77,9 +75,7 @@ void tr_kv_pooled_free(tr_kv *kv) {
     free(P->cscore);
     free(P->mark);
     free(P->skip);
-    free(P->th_s);
-    free(P->th_p);
-    free(P->th_q);
+    free(P->th_k);
     free(P->st_m);
     free(P->st_l);
     free(P->vlo);

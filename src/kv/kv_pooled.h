@@ -56,9 +56,10 @@ struct tr_kv_pooled {
     uint64_t prefill_chunks, prefill_bytes_read, prefill_read_bound;
     /* attention over a list: per-thread scratch and per-row online-softmax state */
     int32_t n_scratch; /* threads with scratch */
-    float *th_s;       /* [n_scratch][ws_cap] scores */
-    uint16_t *th_p;    /* [n_scratch][ws_cap] probabilities as F16 */
-    uint16_t *th_q;    /* [n_scratch][hdk] query as F16 */
+    /* [n_scratch][th_floats]: the attention kernel's scratch for ws_cap keys (th_attn floats),
+     * then a tile's outputs [TR_ATTN_MAX_Q][hdv]; one row at a time uses its start */
+    float *th_k;
+    size_t th_floats, th_attn;
     float *st_m;       /* [row_block][n_head] running max */
     double *st_l;      /* [row_block][n_head] running sum */
     int32_t *vlo, *vhi; /* [row_block] each row's visible range within the list */

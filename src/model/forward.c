@@ -42,7 +42,13 @@ void tr_fwd_matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x,
         tr_matmul(m->pool, m->kern, W, x, rows, y, sc->mm);
         return;
     }
+    /* consecutive gemm groups (chunks of several sessions) are one product: the gemm sums each
+     * row in one order whatever the rows beside it (kernels.h, tr_gemm_fn), so every row keeps
+     * its bits and the weight panels are decoded once for all the chunks of a step. Only the
+     * dense weights: an expert's rows come from tr_fwd_matmul_group per group, since how many
+     * rows of a chunk an expert gets decides between the gemm and the per-row kernels. */
     for (int32_t g = 0, r0 = 0; g < sc->n_grp && r0 < rows; r0 = sc->grp_end[g++]) {
+        while (!sc->grp_rowwise[g] && g + 1 < sc->n_grp && !sc->grp_rowwise[g + 1]) g++;
         const int32_t r1 = sc->grp_end[g] < rows ? sc->grp_end[g] : rows;
         tr_fwd_matmul_group(m, sc, W, x + (size_t)r0 * W->n_in, r1 - r0,
                             y + (size_t)r0 * W->n_out, g);

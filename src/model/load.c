@@ -916,6 +916,7 @@ void tr_model_get_stats(const tr_model *m, tr_model_stats *out) {
     out->prefetch_used = st.prefetch_used;
     out->prefetch_wasted_bytes = st.prefetch_wasted_bytes;
     out->expert_policy_ns = st.policy_ns;
+    out->expert_policy_hidden_ns = st.policy_hidden_ns;
     out->protected_evictions = st.protected_evictions;
 }
 int32_t tr_model_n_vocab(const tr_model *m) { return m->hp.n_vocab; }

@@ -40,6 +40,8 @@ void tr_attn_f16_ref(int n_q, const tr_attn_q *qs, const tr_attn_kv *kv, float *
             sum += (double)e;
         }
         if (a->sink != -INFINITY) sum += (double)expf(a->sink - mx);
+        if (a->max) *a->max = mx;
+        if (a->sum) *a->sum = sum;
         const float inv = (float)(1.0 / sum);
         for (int32_t t = 0; t < n; t++) p16[t] = tr_f32_to_f16(scores[t] * inv);
         for (int32_t d = 0; d < kv->hd_v; d++) {

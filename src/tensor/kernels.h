@@ -96,7 +96,8 @@ void tr_gemm_act_row(tr_type t, int64_t K, const float *x, const void *aq, void 
 
 /* y[m * y_stride + r] = dot(weight row r, activation row m) for r < n_rows, m < M: weight rows
  * of type t row_bytes apart (any alignment), activation rows in the gemm layout act_stride
- * bytes apart */
+ * bytes apart. Each y[m] comes from activation row m alone, summed in one order whatever M and
+ * m: a batch puts several sessions' chunks in one product (model/forward.c) */
 typedef void (*tr_gemm_fn)(int64_t K, int64_t n_rows, int64_t M, float *restrict y,
                            size_t y_stride, const void *restrict w, size_t row_bytes,
                            const void *restrict act, size_t act_stride);
@@ -117,6 +118,10 @@ typedef struct tr_attn_q {
     float *out;     /* hd_v values */
     int32_t lo, hi; /* the visible keys: positions lo..hi */
     float sink;     /* extra logit in the softmax's denominator; -INFINITY: none */
+    /* optional (NULL: not wanted): the softmax's max and its denominator (in double), so that a
+     * caller can merge calls over parts of the keys (online softmax) */
+    float *max;
+    double *sum;
 } tr_attn_q;
 
 typedef struct tr_attn_kv {

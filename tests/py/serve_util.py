@@ -9,20 +9,13 @@ import subprocess
 import sys
 import time
 
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {msg}", file=sys.stderr)
-    return cond
+import tally
+from tally import check  # noqa: F401 (the serve tests take it from here)
 
 
 def done(name):
-    if failures:
-        print(f"{name}: {failures} check(s) FAILED", file=sys.stderr)
+    if tally.failures:
+        print(f"{name}: {tally.failures} check(s) FAILED", file=sys.stderr)
         sys.exit(1)
     print(f"{name}: all checks passed")
 

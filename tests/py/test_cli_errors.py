@@ -18,14 +18,7 @@ sys.path.insert(0, HERE)
 import synth  # noqa: E402
 
 TERRACE = sys.argv[1]
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {msg}", file=sys.stderr)
+from tally import check, verdict  # noqa: E402
 
 
 def variant(path, drop=None, reshape=None, arch=None, drop_key=None):
@@ -168,6 +161,10 @@ def main():
         expect("perplexity: text too short", ["perplexity", "-m", good, "-p", "short text",
                                               "-c", "64"], 1, ["tokens", "2 * c"])
         expect("bench: context too big", ["bench", "-m", good, "-p", "99999999"], 2, ["-p"])
+        expect("logits: --tail too long", ["logits", "-m", good, "--tokens", "1,2", "--tail", "8"],
+               2, ["--tail", "more than 8 tokens"])
+        expect("logits: --tokens @missing", ["logits", "-m", good, "--tokens", "@" + p("none"),
+                                             "--tail", "1"], 1, ["cannot read"])
         # MoE: a budget below one layer's top-k; an I/O error while reading an expert
         moe = p("moe.gguf")
         synth.write("qwen3moe", "Q8_0", moe)
@@ -191,8 +188,7 @@ def main():
         check(rc == 0, f"chat on the good model: rc {rc} {err[-300:]}")
         rc, out, err = run(["bench", "-m", good, "-p", "16", "-n", "4", "-r", "1", "--json"])
         check(rc == 0 and '"test": "pp16"' in out, f"bench: rc {rc} {out} {err[-300:]}")
-    print("test_cli_errors: " + ("all checks passed" if not failures else f"{failures} FAILED"))
-    return 1 if failures else 0
+    return verdict("test_cli_errors")
 
 
 if __name__ == "__main__":

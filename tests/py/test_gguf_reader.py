@@ -18,14 +18,7 @@ import gguf
 from gguf import GGMLQuantizationType as T, GGUFValueType as V
 
 TERRACE, TEST_GGUF = sys.argv[1], sys.argv[2]
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {msg}", file=sys.stderr)
+from tally import check, verdict  # noqa: E402
 
 
 def inspect_json(path):
@@ -213,8 +206,7 @@ def main():
               and "héllo wörld ✓" in r.stdout, "text output")
     finally:
         shutil.rmtree(tmp)
-    print("test_gguf_reader: " + ("all checks passed" if not failures else f"{failures} FAILED"))
-    return 1 if failures else 0
+    return verdict("test_gguf_reader")
 
 
 if __name__ == "__main__":

@@ -16,14 +16,7 @@ import tempfile
 
 TERRACE = sys.argv[1]
 SEED_DIR = sys.argv[2] if len(sys.argv) > 2 else None
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {msg}", file=sys.stderr)
+from tally import check, verdict  # noqa: E402
 
 
 # ---- a tiny GGUF assembler ------------------------------------------------------------------
@@ -193,8 +186,7 @@ def main():
         os.chmod(os.path.join(tmp, f), 0o600)
         os.remove(os.path.join(tmp, f))
     os.rmdir(tmp)
-    print(f"test_hostile: {n} cases, " + ("all checks passed" if not failures else f"{failures} FAILED"))
-    return 1 if failures else 0
+    return verdict("test_hostile", f"{n} cases, ")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 attention shape — MHA (olmoe: 4 heads, 4 KV heads), GQA (qwen2: 4 / 2), MQA (gemma3: 4 / 1, with
 sliding-window layers) — and on the default model, for every policy at alpha 1 and alpha 0.2,
 hot and with a cold pool, and tiered with each of its options (4-bit scoring, the tail estimate,
-speculation, placement, the storage agent, a fixed split, the host key ring). The digests were
+speculation, placement, the storage agent, a fixed split, the host key ring). At alpha 1 every
+pooled policy (hot or cold) computes its prefill with the full policy's attention kernel over the
+gathered rows, so its logits must equal full's bit for bit (checked apart). The digests were
 recorded with a reference build and the same kernel family; a change to the KV cache's code that
 is meant to keep its numbers must keep them all.
 
@@ -168,6 +170,16 @@ def main():
                           f"row {rows[0] if rows else '?'} of {len(rows)} rows; top-1 changed at "
                           f"{flips} positions)", file=sys.stderr)
                 print(f"  {isa:7s} {model:8s} {same}/{len(cs)} configurations bit-identical")
+                full = got.get(model, {}).get("full")
+                for name, g in got.get(model, {}).items():
+                    if " a1" not in name:
+                        continue
+                    checked += 1
+                    if not (isinstance(g, dict) and isinstance(full, dict)
+                            and g["sha256"] == full["sha256"]):
+                        failures += 1
+                        print(f"FAIL {isa} {model} {name}: alpha 1 differs from full's logits",
+                              file=sys.stderr)
         print(f"test_kv_logits: {checked - failures}/{checked} bit-identical"
               + ("" if not failures else f", {failures} FAILED"))
         return 1 if failures else 0

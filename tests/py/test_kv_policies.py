@@ -7,6 +7,7 @@ still run and stay close (reported, not asserted: that is the quality benchmark'
 
 usage: test_kv_policies.py TERRACE [DEFAULT_MODEL.gguf]
 """
+import json
 import os
 import subprocess
 import sys
@@ -28,14 +29,7 @@ POLICIES = ["offload", "h2o", "quest", "tiered"]
 # the same effect against llama.cpp). A policy that drops or misweights a token moves logits by
 # >= 0.1.
 TOL = 2e-2
-failures = 0
-
-
-def check(cond, msg):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL: {msg}", file=sys.stderr)
+from tally import check, verdict  # noqa: E402
 
 
 def logits(model, toks, extra, out, env=None):
@@ -64,8 +58,7 @@ def main():
         finally:
             agent.terminate()
             agent.wait()
-    print("test_kv_policies: " + ("all checks passed" if not failures else f"{failures} FAILED"))
-    return 1 if failures else 0
+    return verdict("test_kv_policies")
 
 
 def run_all(tmp, cold, sock):
@@ -78,6 +71,24 @@ def run_all(tmp, cold, sock):
         check(full is not None, f"{label} full: {e}")
         if full is None:
             continue
+        # logits --tail (bench_long.py's teacher-forced decode region): the prompt prefilled,
+        # the last 24 tokens one decode step each; under full each step predicts what the
+        # batched logits of the position before predict (argmax, -log p within float rounding)
+        r = subprocess.run([TERRACE, "logits", "-m", path, "--tokens", ",".join(map(str, toks)),
+                            "--tail", "24"], capture_output=True, text=True)
+        check(r.returncode == 0, f"{label} logits --tail: {r.stderr.strip()}")
+        if r.returncode == 0:
+            tail = json.loads(r.stdout)
+            rows = full[len(toks) - 25:len(toks) - 1].astype(np.float64)
+            mx = rows.max(1, keepdims=True)
+            ref = (np.log(np.exp(rows - mx).sum(1)) + mx[:, 0]
+                   - rows[np.arange(24), np.array(toks[len(toks) - 24:])])
+            dn = float(np.abs(np.array(tail["nll"]) - ref).max())
+            same = tail["top1"] == [int(v) for v in rows.argmax(1)]
+            check(same and dn <= 1e-3, f"{label} logits --tail 24: top-1 same {same}, "
+                  f"max |d nll| {dn:.2e}")
+            print(f"  {label:18s} logits --tail 24 = the batched logits: top-1 {same}, "
+                  f"max |d nll| {dn:.2e}")
         for pol in POLICIES:
             for where, extra in (("hot", []), ("cold", ["--kv-hot", "64K", "--kv-cold", cold])):
                 got, e = logits(path, toks, ["--kv-policy", pol, "--kv-alpha", "1", *extra],

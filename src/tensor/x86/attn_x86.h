@@ -173,6 +173,8 @@ static __attribute__((unused)) void av_attn_f16(int n_q, const tr_attn_q *qs, co
         }
         double sum = av_dhsum(dsum);
         if (qs[i].sink != -INFINITY) sum += (double)expf(qs[i].sink - mx);
+        if (qs[i].max) *qs[i].max = mx;
+        if (qs[i].sum) *qs[i].sum = sum;
         const av_f inv = av_set1((float)(1.0 / sum));
         for (size_t t = 0; t < ss; t += AV_W) av_store(Si + t, av_f16_round(av_mul(av_load(Si + t), inv)));
     }
