@@ -1,7 +1,8 @@
 /*
  * Every fast kernel family this CPU runs ("avx2", "avx512"; on Arm "neon", "dotprod", "i8mm")
- * against the scalar reference: vec_dot, vec_dot_nc, vec_dot_side and vec_dot_2r (two weight
- * rows, nc = 1..4) for every supported weight type over random
+ * against the scalar reference: vec_dot, vec_dot_nc, vec_dot_side (nc = 1..8, every column with
+ * the bits it gets alone, the wide tables' kernel and the AVX2 family's with the same bits) and
+ * vec_dot_2r (two weight rows, nc = 1..4) for every supported weight type over random
  * rows with ragged lengths, the activation side tables (exact), the fast activation quantizers
  * (must be bit-identical), and tr_matmul on 1, 2 and 3 threads against a naive loop over the
  * reference dot.
@@ -255,8 +256,28 @@ static size_t row_offset(tr_type t) {
  * an odd address, so UBSan sees any load that assumes more */
 #define WEIGHT_OFFSET 1
 
+/* activation rows check_dots makes: enough for vec_dot_nc and vec_dot_side */
+#define N_ACT (TR_SIDE_MAX_NC > TR_MAX_NC ? TR_SIDE_MAX_NC : TR_MAX_NC)
+
+/* side tables of N_ACT activation rows, per_block floats per block, `sstride` floats apart; built
+ * in two block ranges (as tr_matmul's threads do for few rows) */
+static float *side_tables(tr_act_side_fn fill, const char *a, size_t astride, int64_t nb,
+                          size_t sstride) {
+    float *side = malloc(sizeof(float) * sstride * N_ACT);
+    for (size_t i = 0; i < sstride * N_ACT; i++) side[i] = 0.0f;
+    for (int j = 0; j < N_ACT; j++) {
+        float *sd = side + (size_t)j * sstride;
+        fill(a + (size_t)j * astride, nb, 0, nb / 2, sd);
+        fill(a + (size_t)j * astride, nb, nb / 2, nb, sd);
+    }
+    return side;
+}
+
 /* The matmul path with activation side tables: the tables must hold exactly the block scales and
- * the code sums (Q8_0) or stored s (Q8_1); vec_dot_side must match the reference for nc = 1..4. */
+ * the code sums (Q8_0) or stored s (Q8_1); vec_dot_side must match the reference for nc = 1..
+ * TR_SIDE_MAX_NC, and give every column the bits it gets alone (nc = 1): a request batched with
+ * others gets the answer it gets alone. The wide tables' kernel (vec_dot_side_wide) must give
+ * those same bits, and so must the AVX2 family's kernel for the AVX-512 family's. */
 static void check_side(const tr_kernels *fast, int fam, int ti, int64_t n, const void *w,
                        const char *a, size_t astride, const float *refv, const double *mag) {
     const tr_type t = k_types[ti];
@@ -266,12 +287,11 @@ static void check_side(const tr_kernels *fast, int fam, int ti, int64_t n, const
              tr_type_name(t));
     if (!fast->act_side[vt]) return;
     const size_t sstride = 2 * (size_t)nb + 3; /* rows a little apart */
-    float *side = malloc(sizeof(float) * sstride * TR_MAX_NC);
+    float *side = side_tables(fast->act_side[vt], a, astride, nb, sstride);
     const size_t bb = tr_type_block_bytes(vt);
-    for (int j = 0; j < TR_MAX_NC; j++) {
+    for (int j = 0; j < N_ACT; j++) {
         const char *row = a + (size_t)j * astride;
-        float *sd = side + (size_t)j * sstride;
-        fast->act_side[vt](row, nb, sd, sd + nb);
+        const float *sd = side + (size_t)j * sstride;
         for (int64_t b = 0; b < nb; b++) {
             const char *blk = row + (size_t)b * bb;
             uint16_t d, s2;
@@ -289,21 +309,59 @@ static void check_side(const tr_kernels *fast, int fam, int ti, int64_t n, const
         }
     }
     stat *st = &g_stat[fam][ti];
-    for (int nc = 1; nc <= TR_MAX_NC; nc++) {
-        const size_t ss = 3;
-        float s[3 * TR_MAX_NC];
-        for (int i = 0; i < 3 * TR_MAX_NC; i++) s[i] = NAN;
-        fast->vec_dot_side[t](n, nc, s, ss, w, a, astride, side, sstride);
-        for (int j = 0; j < nc; j++) {
-            const double tol = tolerance(t, n, mag[j], refv[j]);
-            TU_CHECK(within(st, s[j * ss], refv[j], tol, mag[j]),
-                     "%s %s vec_dot_side n=%lld nc=%d col %d: %.9g vs ref %.9g (tol %.3g)",
-                     fast->isa, tr_type_name(t), (long long)n, nc, j, s[j * ss], refv[j], tol);
+    const size_t ss = 3;
+    float alone[N_ACT]; /* each column with nc = 1 */
+    for (int j = 0; j < N_ACT; j++)
+        fast->vec_dot_side[t](n, 1, &alone[j], ss, w, a + (size_t)j * astride, astride,
+                              side + (size_t)j * sstride, sstride);
+    /* the kernels to check: the family's, its wide one, the AVX2 family's for AVX-512 */
+    const tr_kernels *avx2 = strcmp(fast->isa, "avx512") ? NULL : tr_kernels_by_name("avx2");
+    const char *const what[3] = {"vec_dot_side", "vec_dot_side_wide", "avx2 vec_dot_side"};
+    for (int kind = 0; kind < 3; kind++) {
+        tr_vec_dot_side_fn fn = kind == 0 ? fast->vec_dot_side[t]
+                                : kind == 1 ? fast->vec_dot_side_wide[t]
+                                : avx2 ? avx2->vec_dot_side[t] : NULL;
+        if (!fn) continue;
+        const float *tab = side;
+        size_t tstride = sstride;
+        float *wide = NULL;
+        if (kind == 1) {
+            TU_CHECK(fast->act_side_wide[vt] && fast->act_side_wide_floats >= 2 &&
+                         fast->act_side_wide_floats <= TR_SIDE_WIDE_FLOATS_MAX,
+                     "%s %s has vec_dot_side_wide but no act_side_wide", fast->isa,
+                     tr_type_name(t));
+            if (!fast->act_side_wide[vt]) continue;
+            tstride = (size_t)fast->act_side_wide_floats * (size_t)nb + 5;
+            wide = side_tables(fast->act_side_wide[vt], a, astride, nb, tstride);
+            tab = wide;
+            /* it starts as the narrow table */
+            for (int j = 0; j < N_ACT; j++)
+                TU_CHECK(!memcmp(wide + (size_t)j * tstride, side + (size_t)j * sstride,
+                                 sizeof(float) * 2 * (size_t)nb),
+                         "%s act_side_wide %s row %d: its scales and second values differ from "
+                         "act_side's", fast->isa, tr_type_name(vt), j);
         }
-        for (int i = 0; i < 3 * TR_MAX_NC; i++)
-            if (i % ss != 0 || i / ss >= (size_t)nc)
-                TU_CHECK(isnan(s[i]), "%s %s vec_dot_side nc=%d wrote outside its outputs (%d)",
-                         fast->isa, tr_type_name(t), nc, i);
+        for (int nc = 1; nc <= TR_SIDE_MAX_NC; nc++) {
+            float s[3 * TR_SIDE_MAX_NC];
+            for (int i = 0; i < 3 * TR_SIDE_MAX_NC; i++) s[i] = NAN;
+            fn(n, nc, s, ss, w, a, astride, tab, tstride);
+            for (int j = 0; j < nc; j++) {
+                const double tol = tolerance(t, n, mag[j], refv[j]);
+                TU_CHECK(within(st, s[j * ss], refv[j], tol, mag[j]),
+                         "%s %s %s n=%lld nc=%d col %d: %.9g vs ref %.9g (tol %.3g)", fast->isa,
+                         tr_type_name(t), what[kind], (long long)n, nc, j, s[j * ss], refv[j],
+                         tol);
+                TU_CHECK(!memcmp(&s[j * ss], &alone[j], sizeof(float)),
+                         "%s %s %s n=%lld nc=%d col %d: %.9g, not the bits of vec_dot_side with "
+                         "nc = 1 (%.9g)", fast->isa, tr_type_name(t), what[kind], (long long)n,
+                         nc, j, s[j * ss], alone[j]);
+            }
+            for (int i = 0; i < 3 * TR_SIDE_MAX_NC; i++)
+                if (i % ss != 0 || i / ss >= (size_t)nc)
+                    TU_CHECK(isnan(s[i]), "%s %s %s nc=%d wrote outside its outputs (%d)",
+                             fast->isa, tr_type_name(t), what[kind], nc, i);
+        }
+        free(wide);
     }
     free(side);
 }
@@ -361,12 +419,12 @@ static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, i
     const size_t astride = abytes + (vt == TR_TYPE_Q8_K || vt == TR_TYPE_F32 ? 4 : 2) * 3;
     const size_t woff = WEIGHT_OFFSET, aoff = row_offset(vt);
     void *w = alloc_off(wbytes, woff);
-    char *a = alloc_off(astride * (TR_MAX_NC - 1) + abytes, aoff); /* last row ends the buffer */
+    char *a = alloc_off(astride * (N_ACT - 1) + abytes, aoff); /* last row ends the buffer */
     float *x = malloc((size_t)n * sizeof(float));
     fill_weights(r, t, w, n);
-    float refv[TR_MAX_NC];
-    double mag[TR_MAX_NC];
-    for (int j = 0; j < TR_MAX_NC; j++) {
+    float refv[N_ACT];
+    double mag[N_ACT];
+    for (int j = 0; j < N_ACT; j++) {
         fill_acts(r, x, n);
         ref->from_float[vt](x, a + (size_t)j * astride, n);
         ref->vec_dot[t](n, &refv[j], w, a + (size_t)j * astride);
@@ -944,7 +1002,7 @@ int main(int argc, char **argv) {
      * vectors), and for block types 1, 2, 3 ... blocks, odd counts and a few thousand elements */
     static const int64_t n_float[] = {1,  2,  3,  5,  7,  8,   9,   15,  16,  17,   31,   32,  33,
                                       47, 63, 64, 65, 79, 127, 128, 129, 255, 1000, 4097, 5000};
-    static const int64_t nb_32[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 100, 156};
+    static const int64_t nb_32[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 14, 16, 17, 18, 33, 48, 100, 156};
     static const int64_t nb_256[] = {1, 2, 3, 4, 5, 7, 16, 19};
     for (int f = 1; f < N_FAMS; f++) {
         if (!fams[f]) {

@@ -26,12 +26,20 @@ typedef void (*tr_vec_dot_2r_fn)(int64_t n, int nc, float *restrict s, size_t s_
 /* Activation side table, for the weight types whose activations are Q8_0 or Q8_1: per activation
  * row of nb blocks, the nb block scales d as f32 and nb second values: for Q8_0 the sum of the
  * block's codes (exact as f32), for Q8_1 its stored s. tr_matmul builds it once per call
- * (act_side, per block range), so the dot products neither convert the same activation scales
- * again for every weight row nor need the sign trick for codes with an offset. */
-typedef void (*tr_act_side_fn)(const void *restrict aq, int64_t nb, float *restrict d,
-                               float *restrict second);
-/* vec_dot_nc taking the side table of each activation row: side + j * side_stride floats holds
- * row j's nb scales followed by its nb second values */
+ * (act_side, per block range: blocks b0..b1-1 of the row whose first block is at aq), so the dot
+ * products neither convert the same activation scales again for every weight row nor need the
+ * sign trick for codes with an offset. A family's wide table (act_side_wide, act_side_wide_floats
+ * · nb floats per row) starts the same way and holds more after that, of the family's own
+ * layout (zmm_q32.h). */
+typedef void (*tr_act_side_fn)(const void *restrict aq, int64_t nb, int64_t b0, int64_t b1,
+                               float *restrict side);
+/* vec_dot_nc taking the side table of each activation row (side + j * side_stride floats), for
+ * up to TR_SIDE_MAX_NC rows: the decode rows of a batch */
+#define TR_SIDE_MAX_NC 8
+/* tr_matmul uses the wide tables for products of at most this many activation rows (the decode
+ * rows of a step; a long prompt's tables would take MiBs of scratch per session) */
+#define TR_SIDE_WIDE_MAX_M 64
+#define TR_SIDE_WIDE_FLOATS_MAX 26 /* the most floats per block of any family's wide table */
 typedef void (*tr_vec_dot_side_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
                                    const void *restrict w, const void *restrict a, size_t a_stride,
                                    const float *restrict side, size_t side_stride);
@@ -147,6 +155,11 @@ typedef struct tr_kernels {
     /* optional (NULL: unused); a family that sets vec_dot_side[t] sets act_side[vec_dot_type] */
     tr_vec_dot_side_fn vec_dot_side[TR_TYPE_COUNT];
     tr_act_side_fn act_side[TR_TYPE_COUNT]; /* activation formats Q8_0, Q8_1 */
+    /* optional: vec_dot_side over wide tables, the same bits as vec_dot_side; a family that sets
+     * vec_dot_side_wide[t] sets act_side_wide[vec_dot_type] */
+    tr_vec_dot_side_fn vec_dot_side_wide[TR_TYPE_COUNT];
+    tr_act_side_fn act_side_wide[TR_TYPE_COUNT];
+    int act_side_wide_floats; /* floats per activation block of a wide table */
     tr_dot_rows_fn dot_rows[TR_TYPE_COUNT];  /* optional: Q4_0, Q8_0 weight rows */
     tr_axpy_rows_fn axpy_rows[TR_TYPE_COUNT]; /* optional: Q4_0, Q8_0 rows */
     tr_axpy_f16_fn axpy_f16;                  /* optional */

@@ -1,8 +1,10 @@
 #include "tensor/matmul.h"
 
-/* floats of activation side table per row (kernels.h, tr_act_side_fn) */
-static size_t side_floats(tr_type vt, int64_t K) {
-    return vt == TR_TYPE_Q8_0 || vt == TR_TYPE_Q8_1 ? 2 * (size_t)(K / TR_QK32) : 0;
+/* floats of activation side table per row (kernels.h, tr_act_side_fn) with per_block floats per
+ * block: 2, or a family's wide tables */
+static size_t side_floats(tr_type vt, int64_t K, int per_block) {
+    return vt == TR_TYPE_Q8_0 || vt == TR_TYPE_Q8_1 ? (size_t)per_block * (size_t)(K / TR_QK32)
+                                                    : 0;
 }
 
 /* quantized rows, then (64-byte aligned) the side tables */
@@ -14,7 +16,11 @@ static size_t xq_bytes(tr_type vt, int64_t K, int64_t M) {
  * activation rows (kernels.h) */
 static size_t after_xq_bytes(tr_type t, int64_t K, int64_t M) {
     const tr_type vt = tr_traits(t)->vec_dot_type;
-    const size_t side = side_floats(vt, K) * sizeof(float) * (size_t)M;
+    const int64_t wide_m = M < TR_SIDE_WIDE_MAX_M ? M : TR_SIDE_WIDE_MAX_M;
+    const size_t narrow = side_floats(vt, K, 2) * sizeof(float) * (size_t)M;
+    const size_t wide =
+        side_floats(vt, K, TR_SIDE_WIDE_FLOATS_MAX) * sizeof(float) * (size_t)wide_m;
+    const size_t side = narrow > wide ? narrow : wide;
     const size_t gemm = tr_gemm_act_bytes(t, K) * (size_t)M;
     return side > gemm ? side : gemm;
 }
@@ -35,6 +41,8 @@ typedef struct mm_job {
     tr_type vt;
     float *side; /* activation side tables, M rows of side_row floats; NULL: not used */
     size_t side_row;
+    tr_act_side_fn act_side; /* the family's narrow or wide tables and their kernel */
+    tr_vec_dot_side_fn dot_side;
     atomic_int_fast64_t next; /* dynamic row chunks: VM cores run at uneven speeds */
     int64_t chunk;
     char *ga; /* gemm activation rows, ga_row bytes apart; NULL: the vec_dot path */
@@ -61,11 +69,9 @@ static void quantize_task(void *ctx, int ith, int nth) {
         tr_split_range(j->M, ith, nth, &b, &e);
         for (int64_t m = b; m < e; m++) {
             q(j->x + m * K, j->xq + (size_t)m * j->xq_row, K);
-            if (j->side) {
-                float *sd = j->side + (size_t)m * j->side_row;
-                j->k->act_side[j->vt](j->xq + (size_t)m * j->xq_row, K / TR_QK32, sd,
-                                      sd + j->side_row / 2);
-            }
+            if (j->side)
+                j->act_side(j->xq + (size_t)m * j->xq_row, K / TR_QK32, 0, K / TR_QK32,
+                                      j->side + (size_t)m * j->side_row);
         }
     } else {
         /* few rows: split each row by blocks so every thread has a share */
@@ -76,12 +82,10 @@ static void quantize_task(void *ctx, int ith, int nth) {
         tr_split_range(nb, ith, nth, &b, &e);
         for (int64_t m = 0; m < j->M; m++) {
             if (e <= b) continue;
-            char *aq = j->xq + (size_t)m * j->xq_row + (size_t)b * bb;
-            q(j->x + m * K + b * blck, aq, (e - b) * blck);
-            if (j->side) { /* side blocks are activation blocks (32 elements) */
-                float *sd = j->side + (size_t)m * j->side_row;
-                j->k->act_side[j->vt](aq, e - b, sd + b, sd + j->side_row / 2 + b);
-            }
+            char *row = j->xq + (size_t)m * j->xq_row;
+            q(j->x + m * K + b * blck, row + (size_t)b * bb, (e - b) * blck);
+            if (j->side) /* side blocks are activation blocks (32 elements) */
+                j->act_side(row, nb, b, e, j->side + (size_t)m * j->side_row);
         }
     }
 }
@@ -121,14 +125,15 @@ static void dot_task(void *ctx, int ith, int nth) {
     const int64_t N = W->n_out, K = W->n_in;
     const tr_vec_dot_fn dot = j->k->vec_dot[W->type];
     const tr_vec_dot_nc_fn dot_nc = j->k->vec_dot_nc[W->type];
-    const tr_vec_dot_side_fn dot_side = j->side ? j->k->vec_dot_side[W->type] : NULL;
+    const tr_vec_dot_side_fn dot_side = j->side ? j->dot_side : NULL;
     const tr_vec_dot_2r_fn dot_2r = j->k->vec_dot_2r[W->type];
     int64_t b, e;
     while (claim_rows(j, N, nth, &b, &e)) {
         for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
             const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
-            for (int64_t m = 0; m < j->M; m += TR_MAX_NC) {
-                const int nc = j->M - m < TR_MAX_NC ? (int)(j->M - m) : TR_MAX_NC;
+            const int max_nc = dot_side ? TR_SIDE_MAX_NC : TR_MAX_NC;
+            for (int64_t m = 0; m < j->M; m += max_nc) {
+                const int nc = j->M - m < max_nc ? (int)(j->M - m) : max_nc;
                 const char *xq = j->xq + (size_t)m * j->xq_row;
                 int64_t r = r0;
                 /* two rows at once where the family multiplies 2x2 row blocks (one activation
@@ -202,11 +207,16 @@ static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const
         }
         return;
     }
-    if (j.k->vec_dot_side[W->type] && j.k->act_side[j.vt] && side_floats(j.vt, W->n_in)) {
+    if (j.k->vec_dot_side[W->type] && j.k->act_side[j.vt] && side_floats(j.vt, W->n_in, 2)) {
         /* the 64 spare bytes of the scratch size cover this alignment */
         const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);
         j.side = (float *)((at + 63) & ~(uintptr_t)63);
-        j.side_row = side_floats(j.vt, W->n_in);
+        /* the wide tables for a few rows (the same bits; kernels.h) */
+        const bool wide = M <= TR_SIDE_WIDE_MAX_M && j.k->vec_dot_side_wide[W->type] &&
+                          j.k->act_side_wide[j.vt];
+        j.side_row = side_floats(j.vt, W->n_in, wide ? j.k->act_side_wide_floats : 2);
+        j.act_side = wide ? j.k->act_side_wide[j.vt] : j.k->act_side[j.vt];
+        j.dot_side = wide ? j.k->vec_dot_side_wide[W->type] : j.k->vec_dot_side[W->type];
     }
     atomic_init(&j.next, 0);
     /* the smallest claim (claim_rows): one tile of rows, or fewer for a matrix with few rows per

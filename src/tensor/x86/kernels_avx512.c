@@ -22,6 +22,7 @@
 #include "tensor/x86/ymm_float.h"
 #include "tensor/x86/ymm_kquants.h"
 #include "tensor/x86/ymm_q32.h"
+#include "tensor/x86/zmm_q32.h"
 
 /* 32 bytes loaded into both halves of a 512-bit register (a load-port broadcast, no shuffle) */
 TR_ALWAYS_INLINE __m512i bcast256(const void *p) {
@@ -606,6 +607,17 @@ void tr_kernels_fill_avx512(tr_kernels *k) {
     k->vec_dot_side[TR_TYPE_Q5_1] = ymm_dot_side_q5_1;
     k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;
     k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
+    /* the same products over wide tables, two blocks per 512-bit register (zmm_q32.h) */
+    k->vec_dot_side_wide[TR_TYPE_Q4_0] = zmm_dot_side_q4_0;
+    k->vec_dot_side_wide[TR_TYPE_Q5_0] = zmm_dot_side_q5_0;
+    k->vec_dot_side_wide[TR_TYPE_Q8_0] = zmm_dot_side_q8_0;
+    k->vec_dot_side_wide[TR_TYPE_IQ4_NL] = zmm_dot_side_iq4_nl;
+    k->vec_dot_side_wide[TR_TYPE_MXFP4] = zmm_dot_side_mxfp4;
+    k->vec_dot_side_wide[TR_TYPE_Q4_1] = zmm_dot_side_q4_1;
+    k->vec_dot_side_wide[TR_TYPE_Q5_1] = zmm_dot_side_q5_1;
+    k->act_side_wide[TR_TYPE_Q8_0] = zq_act_side_q8_0;
+    k->act_side_wide[TR_TYPE_Q8_1] = zq_act_side_q8_1;
+    k->act_side_wide_floats = ZQ_SIDE_FLOATS;
     gm_fill(k);
     k->attn_f16 = av_attn_f16;
     k->rmsnorm = av_rmsnorm;

@@ -213,9 +213,11 @@ TR_ALWAYS_INLINE void q32_impl(const int kind, int64_t n, const int nc, float *r
 /* Activation side tables (kernels.h): block scales as f32, and the code sums (Q8_0) or the
  * stored s (Q8_1). Built once per activation row by tr_matmul. */
 static __attribute__((unused)) void ymm_act_side_q8_0(const void *restrict aq, int64_t nb,
-                                                      float *restrict d, float *restrict second) {
+                                                      int64_t b0, int64_t b1,
+                                                      float *restrict side) {
     const tr_blk_q8_0 *y = aq;
-    for (int64_t b = 0; b < nb; b++) {
+    float *d = side, *second = side + nb;
+    for (int64_t b = b0; b < b1; b++) {
         d[b] = x86_f16(y[b].d);
         /* bias the bytes to unsigned, sum them with psadbw, remove the bias */
         const __m256i v = _mm256_loadu_si256((const __m256i *)y[b].qs);
@@ -229,9 +231,11 @@ static __attribute__((unused)) void ymm_act_side_q8_0(const void *restrict aq, i
 }
 
 static __attribute__((unused)) void ymm_act_side_q8_1(const void *restrict aq, int64_t nb,
-                                                      float *restrict d, float *restrict second) {
+                                                      int64_t b0, int64_t b1,
+                                                      float *restrict side) {
     const tr_blk_q8_1 *y = aq;
-    for (int64_t b = 0; b < nb; b++) {
+    float *d = side, *second = side + nb;
+    for (int64_t b = b0; b < b1; b++) {
         d[b] = x86_f16(y[b].d);
         second[b] = x86_f16(y[b].s);
     }
@@ -359,16 +363,25 @@ TR_ALWAYS_INLINE void q32_side_impl(const int kind, int64_t n, const int nc, flo
     }
 }
 
-/* the vec_dot_side entry point of an impl(n, nc, s, s_stride, w, a, a_stride, side, side_stride) */
+/* the vec_dot_side entry point of an impl(n, nc, s, s_stride, w, a, a_stride, side, side_stride):
+ * up to TR_SIDE_MAX_NC columns, TR_MAX_NC at a time (sixteen registers hold four columns' four
+ * accumulators) */
+#define TR_X86_SIDE_CASE(kind, k)                                                                  \
+    case k: q32_side_impl(kind, n, k, s0, s_stride, w, a0, a_stride, d0, side_stride); break;
 #define TR_X86_SIDE_ENTRY(name, kind)                                                              \
     static __attribute__((unused)) void name(                                                      \
         int64_t n, int nc, float *restrict s, size_t s_stride, const void *restrict w,             \
         const void *restrict a, size_t a_stride, const float *restrict side, size_t side_stride) { \
-        switch (nc) {                                                                              \
-        case 1: q32_side_impl(kind, n, 1, s, s_stride, w, a, a_stride, side, side_stride); break;  \
-        case 2: q32_side_impl(kind, n, 2, s, s_stride, w, a, a_stride, side, side_stride); break;  \
-        case 3: q32_side_impl(kind, n, 3, s, s_stride, w, a, a_stride, side, side_stride); break;  \
-        default: q32_side_impl(kind, n, 4, s, s_stride, w, a, a_stride, side, side_stride); break; \
+        for (int j0 = 0; j0 < nc; j0 += TR_MAX_NC) {                                               \
+            float *s0 = s + (size_t)j0 * s_stride;                                                 \
+            const char *a0 = (const char *)a + (size_t)j0 * a_stride;                              \
+            const float *d0 = side + (size_t)j0 * side_stride;                                     \
+            switch (nc - j0) {                                                                     \
+                TR_X86_SIDE_CASE(kind, 1)                                                          \
+                TR_X86_SIDE_CASE(kind, 2)                                                          \
+                TR_X86_SIDE_CASE(kind, 3)                                                          \
+            default: TR_X86_SIDE_CASE(kind, 4)                                                     \
+            }                                                                                      \
         }                                                                                          \
     }
 TR_X86_SIDE_ENTRY(ymm_dot_side_q4_0, Q32_Q4_0)
@@ -379,6 +392,7 @@ TR_X86_SIDE_ENTRY(ymm_dot_side_mxfp4, Q32_MXFP4)
 TR_X86_SIDE_ENTRY(ymm_dot_side_q4_1, Q32_Q4_1)
 TR_X86_SIDE_ENTRY(ymm_dot_side_q5_1, Q32_Q5_1)
 #undef TR_X86_SIDE_ENTRY
+#undef TR_X86_SIDE_CASE
 
 #define Q32_IMPL(kind, fn)                                                                         \
     TR_ALWAYS_INLINE void fn(int64_t n, const int nc, float *restrict s, size_t ss,                \
