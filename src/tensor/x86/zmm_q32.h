@@ -128,6 +128,14 @@ TR_ALWAYS_INLINE __m512i zq_codes2(int kind, const char *blk, size_t wb, __m512i
     }
 }
 
+/* hsum_ps256 of each 256-bit half, with its additions in its order: the low half's sum in lane
+ * 0, the high half's in lane 8 */
+TR_ALWAYS_INLINE __m512 zq_hsum_halves(__m512 t) {
+    const __m512 s = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0xB1)); /* lo128 + hi128 */
+    const __m512 u = _mm512_add_ps(s, _mm512_permute_ps(s, 0xEE));      /* + movehl */
+    return _mm512_add_ps(u, _mm512_movehdup_ps(u));                      /* + movehdup */
+}
+
 TR_ALWAYS_INLINE __m512i zq_table(int kind) {
     const __m256i t = q32_side_table(kind);
     const __m512i z = _mm512_broadcast_i64x4(t);
@@ -196,16 +204,13 @@ TR_ALWAYS_INLINE void zq_side_impl(const int kind, int64_t n, const int nc, floa
             }
         }
     }
-    __m256 acc[4][TR_SIDE_MAX_NC];
+    /* the row tail goes into accumulator 0 (the low half of z[0][j]) */
+    __m256 acc0[TR_SIDE_MAX_NC];
 #pragma GCC unroll 8
-    for (int j = 0; j < nc; j++) {
-        acc[0][j] = _mm512_castps512_ps256(z[0][j]);
-        acc[1][j] = _mm512_extractf32x8_ps(z[0][j], 1);
-        acc[2][j] = _mm512_castps512_ps256(z[1][j]);
-        acc[3][j] = _mm512_extractf32x8_ps(z[1][j], 1);
-    }
-    /* row tail, every block into accumulator 0 as in q32_side_impl: two blocks per register for
-     * the dot products, conversions and scale products, then the two FMAs in block order */
+    for (int j = 0; j < nc; j++) acc0[j] = _mm512_castps512_ps256(z[0][j]);
+    const bool tail = b < nb;
+    /* two blocks per register for the dot products, conversions and scale products, then the
+     * two FMAs in block order */
     for (; b + 2 <= nb; b += 2) {
         const char *blk = (const char *)w + (size_t)b * wb;
         float m0 = 0.0f, m1 = 0.0f;
@@ -220,10 +225,10 @@ TR_ALWAYS_INLINE void zq_side_impl(const int kind, int64_t n, const int nc, floa
             const __m512 p = _mm512_cvtepi32_ps(
                 _mm512_dpbusd_epi32(init, q, _mm512_loadu_si512(ZQ_CODES(sj, nb) + 8 * b)));
             const __m512 sc = _mm512_mul_ps(dwe, _mm512_loadu_ps(ZQ_DE(sj, nb) + 8 * b));
-            acc[0][j] = _mm256_fmadd_ps(_mm512_castps512_ps256(sc), _mm512_castps512_ps256(p),
-                                        acc[0][j]);
-            acc[0][j] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(sc, 1),
-                                        _mm512_extractf32x8_ps(p, 1), acc[0][j]);
+            acc0[j] = _mm256_fmadd_ps(_mm512_castps512_ps256(sc), _mm512_castps512_ps256(p),
+                                      acc0[j]);
+            acc0[j] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(sc, 1), _mm512_extractf32x8_ps(p, 1),
+                                      acc0[j]);
             if (q32_side_offset(kind)) {
                 csum[j] += _mm512_cvtss_f32(sc) * sj[nb + b];
                 csum[j] += d1 * sj[b + 1] * sj[nb + b + 1];
@@ -245,19 +250,36 @@ TR_ALWAYS_INLINE void zq_side_impl(const int kind, int64_t n, const int nc, floa
             const float sc = dw * side[j][b];
             const __m256 p =
                 _mm256_cvtepi32_ps(q32_side_dot(kind, q, uq, q32_act_codes(kind, a, j, b)));
-            acc[0][j] = _mm256_fmadd_ps(_mm256_set1_ps(sc), p, acc[0][j]);
+            acc0[j] = _mm256_fmadd_ps(_mm256_set1_ps(sc), p, acc0[j]);
             if (q32_side_offset(kind)) csum[j] += sc * side[j][nb + b];
             if (q32_with_min(kind)) csum[j] += m * side[j][nb + b];
         }
     }
+    if (tail)
 #pragma GCC unroll 8
-    for (int j = 0; j < nc; j++) {
-        const float dot = hsum_ps256(_mm256_add_ps(_mm256_add_ps(acc[0][j], acc[1][j]),
-                                                   _mm256_add_ps(acc[2][j], acc[3][j])));
-        const float c = hsum_ps256(cacc[j]) + csum[j];
-        s[(size_t)j * s_stride] = q32_side_offset(kind) ? dot - (float)q32_side_offset(kind) * c
-                                  : q32_with_min(kind)  ? dot + c
-                                                        : dot;
+        for (int j = 0; j < nc; j++) z[0][j] = _mm512_insertf32x8(z[0][j], acc0[j], 0);
+    /* the sums of q32_side_impl, two columns per register: column j in the low half, j + 1 in
+     * the high half (the last column of an odd count alone) */
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j += 2) {
+        const int k = j + 1 < nc ? j + 1 : j;
+        /* (acc0 + acc1) + (acc2 + acc3) */
+        const __m512 lo = _mm512_add_ps(_mm512_shuffle_f32x4(z[0][j], z[0][k], 0x44),
+                                        _mm512_shuffle_f32x4(z[0][j], z[0][k], 0xEE));
+        const __m512 hi = _mm512_add_ps(_mm512_shuffle_f32x4(z[1][j], z[1][k], 0x44),
+                                        _mm512_shuffle_f32x4(z[1][j], z[1][k], 0xEE));
+        const __m512 dot = zq_hsum_halves(_mm512_add_ps(lo, hi));
+        const __m512 cs =
+            zq_hsum_halves(_mm512_insertf32x8(_mm512_castps256_ps512(cacc[j]), cacc[k], 1));
+        const float d2[2] = {_mm512_cvtss_f32(dot), _mm_cvtss_f32(_mm512_extractf32x4_ps(dot, 2))};
+        const float c2[2] = {_mm512_cvtss_f32(cs), _mm_cvtss_f32(_mm512_extractf32x4_ps(cs, 2))};
+        for (int i = 0; i < (k > j ? 2 : 1); i++) {
+            const float c = c2[i] + csum[j + i];
+            s[(size_t)(j + i) * s_stride] = q32_side_offset(kind)
+                                                ? d2[i] - (float)q32_side_offset(kind) * c
+                                            : q32_with_min(kind) ? d2[i] + c
+                                                                 : d2[i];
+        }
     }
 }
 
