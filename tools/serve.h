@@ -79,6 +79,9 @@ typedef struct job {
     int slot;
     double t_start, t_first, t_end; /* admitted, first token, finished (now_ms) */
     double prefill_ms, decode_ms;   /* time of the steps that prefilled / decoded it */
+    /* the steps that held a chunk of its prompt, and the tokens the other slots' decode rows
+     * generated in them (a long prompt's prefill does not stall the others) */
+    int32_t prefill_steps, beside_tokens;
     char error[256];
     bool cancel; /* the client went away: finish at the next step */
     int refs;
@@ -240,7 +243,7 @@ void api_error_json(const api_error *e, sbuf *out);
 /* a job's figures, copied under mu so that an answer can be written without it */
 typedef struct job_view {
     finish_reason finish;
-    int32_t n_prompt, n_gen, n_reused;
+    int32_t n_prompt, n_gen, n_reused, prefill_steps, beside_tokens;
     double t_submit, t_start, t_first, t_end, prefill_ms, decode_ms;
     char error[256];
 } job_view;

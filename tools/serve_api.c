@@ -755,6 +755,10 @@ static void add_timings(cJSON *o, const job_view *v) {
                             v->decode_ms > 0 && v->n_gen > 1 ? 1e3 * (v->n_gen - 1) / v->decode_ms
                                                              : 0);
     cJSON_AddNumberToObject(t, "ttft_ms", v->t_first > 0 ? v->t_first - v->t_submit : 0);
+    /* terrace's own: the steps that prefilled the prompt and the tokens the other requests
+     * generated in them */
+    cJSON_AddNumberToObject(t, "prompt_steps", v->prefill_steps);
+    cJSON_AddNumberToObject(t, "prompt_beside_tokens", v->beside_tokens);
 }
 
 static void iso_now(char *buf, size_t cap) {

@@ -79,6 +79,8 @@ void job_view_locked(const job *j, job_view *v) {
     v->n_prompt = j->n_prompt;
     v->n_gen = j->n_gen;
     v->n_reused = j->n_reused;
+    v->prefill_steps = j->prefill_steps;
+    v->beside_tokens = j->beside_tokens;
     v->t_submit = j->t_submit;
     v->t_start = j->t_start;
     v->t_first = j->t_first;
@@ -319,6 +321,9 @@ static bool one_chunk(const server *s, const slot *sl) {
     return sl->n_fed == sl->n_kept && chunk_of(s, sl) == sl->j->n_prompt - sl->n_fed;
 }
 
+/* steps of one-chunk prompts alone in a row before the decode rows get one (sched_main) */
+#define FIRST_RUN_MAX 2
+
 static void *sched_main(void *arg) {
     server *s = arg;
     const int32_t n_batch = tr_session_n_ctx(s->slots[0].sess) < s->cfg.gen.n_batch
@@ -327,7 +332,7 @@ static void *sched_main(void *arg) {
     slot **pre = calloc((size_t)s->n_slots, sizeof *pre);
     int32_t *sampled = calloc((size_t)s->n_slots, sizeof *sampled);
     uint64_t step = 0;
-    bool first_step = false; /* the last step held only one-chunk prompts */
+    int first_run = 0; /* the steps before held only one-chunk prompts, this many in a row */
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
         admit_locked(s, step);
@@ -344,11 +349,13 @@ static void *sched_main(void *arg) {
         }
         /* the step: generating slots first (one row each), then prompt chunks, oldest first.
          * A prompt that is one chunk gets a step of its own, without the decode rows, unless
-         * the step before was one: the request's first token then waits for its chunk alone
-         * instead of the chunk and every other slot's decode row, and the others lose no time
-         * (the two steps cost about what the step with both does) while every other step still
-         * decodes them, so a burst of prompts never stalls them. A longer prompt's chunks all
-         * go beside the decode rows. */
+         * the FIRST_RUN_MAX steps before were such steps: the request's first token then waits
+         * for its chunk alone instead of the chunk and every other slot's decode row, and the
+         * others lose little time (the two steps cost about what the step with both does) while
+         * at least one step in FIRST_RUN_MAX + 1 still decodes them, so a burst of prompts never
+         * stalls them. Two in a row: a prompt that arrives while another's first step runs does
+         * not also wait for a whole decode step. A longer prompt's chunks all go beside the
+         * decode rows. */
         int n = 0, rows = 0, n_pre = 0, n_dec = 0, n_gen = 0;
         for (int i = 0; i < s->n_slots; i++) {
             if (s->slots[i].st == SLOT_GEN) n_gen++;
@@ -356,10 +363,10 @@ static void *sched_main(void *arg) {
         }
         qsort(pre, (size_t)n_pre, sizeof *pre, by_admission);
         bool first_only = false;
-        if (n_gen > 0 && !first_step)
+        if (n_gen > 0 && first_run < FIRST_RUN_MAX)
             for (int k = 0; k < n_pre && !first_only; k++)
                 first_only = one_chunk(s, pre[k]);
-        first_step = first_only;
+        first_run = first_only ? first_run + 1 : 0;
         for (int i = 0; i < s->n_slots && !first_only; i++) {
             slot *sl = &s->slots[i];
             if (sl->st != SLOT_GEN) continue;
@@ -440,6 +447,8 @@ static void *sched_main(void *arg) {
             } else {
                 sl->n_fed += s->b_ntok[b];
                 j->prefill_ms += dt;
+                j->prefill_steps++;
+                j->beside_tokens += n_dec; /* every decode row is another slot's */
                 if (sl->n_fed == j->n_prompt) {
                     if (j->max_tokens == 0) finish_locked(s, sl, FINISH_LENGTH);
                     else take_token(s, sl, sampled[b], t1);

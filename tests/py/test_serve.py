@@ -203,13 +203,19 @@ try:
     t.join()
     chunks = -(-lp.usage.prompt_tokens // 128)
     check(lp.usage.prompt_tokens > 300, f"long prompt {lp.usage.prompt_tokens} tokens")
-    # The stream's last token of the final chunk step may still be in flight to this client when
-    # the long request's answer arrives, so one fewer than the chunks is the bound; a prefill that
-    # stalled the other stream would leave it at 0.
-    check(n1 - n0 >= chunks - 1, f"the other stream got {n1 - n0} tokens during a {lp.usage.prompt_tokens}-"
-          f"token prefill ({chunks} chunks)")
-    print(f"  a {lp.usage.prompt_tokens}-token prompt prefilled in {chunks} chunks; the other stream "
-          f"got {n1 - n0} tokens meanwhile")
+    # The server counts what its steps held: every chunk in a step of its own, each beside the
+    # other stream's decode row (a prefill that stalled the other stream would give it no token
+    # in those steps). What this client received meanwhile may lag by the last step's token.
+    tm = (lp.model_extra or {}).get("timings") or {}
+    steps, beside = tm.get("prompt_steps"), tm.get("prompt_beside_tokens")
+    check(steps == chunks, f"the {lp.usage.prompt_tokens}-token prompt took {steps} steps, not {chunks}")
+    check(beside is not None and beside >= chunks,
+          f"the other stream got {beside} tokens in the {steps} prefill steps "
+          f"({lp.usage.prompt_tokens} tokens, {chunks} chunks)")
+    check(n1 - n0 >= chunks - 1, f"the other stream's client got {n1 - n0} tokens during a "
+          f"{lp.usage.prompt_tokens}-token prefill ({chunks} chunks)")
+    print(f"  a {lp.usage.prompt_tokens}-token prompt prefilled in {steps} steps; the other stream "
+          f"got {beside} tokens in them ({n1 - n0} received meanwhile)")
 
     # ---- /metrics is Prometheus text ------------------------------------------------------------
     _, text_m = srv.metrics()
