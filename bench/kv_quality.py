@@ -13,6 +13,9 @@ For each model and each (policy, alpha), next to `full` on the same inputs:
 usage: kv_quality.py [--quick] [--resume-log FILE] [--report-only] MODEL_KEY...
     keys: smollm2, qwen2 (see scripts/get_model.sh); --resume-log takes the perplexities already
     printed by an interrupted run of the same build (lines "KEY ppl c=CTX POLICY a=ALPHA: PPL")
+    env KVQ_OUT=DIR writes the results (json, md, plots) into DIR instead of bench/results (a
+    rerun to compare with the recorded one); KVQ_CONFIGS=full@1.0,tiered@0.1,... measures only
+    those configurations (policy@alpha); MODEL=PATH takes the model from PATH (one key per run)
 """
 import json
 import os
@@ -24,7 +27,8 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TERRACE = os.environ.get("TERRACE_BIN", os.path.join(ROOT, "build", "terrace"))
 PY = os.path.join(ROOT, ".venv", "bin", "python3")
-OUT_DIR = os.path.join(ROOT, "bench", "results")
+OUT_DIR = os.environ.get("KVQ_OUT") or os.path.join(ROOT, "bench", "results")
+CONFIGS = os.environ["KVQ_CONFIGS"].split(",") if os.environ.get("KVQ_CONFIGS") else None
 QUICK = "--quick" in sys.argv
 RESUME = sys.argv[sys.argv.index("--resume-log") + 1] if "--resume-log" in sys.argv else None
 # --only P[,P]: run just these policies (full's figures come from the recorded results) and add
@@ -63,7 +67,8 @@ REDUCED = [("full", 1.0), ("tiered", 0.05), ("tiered", 0.1), ("tiered", 0.2),
 
 
 def only(cfgs):
-    return [c for c in cfgs if ONLY is None or c[0] in ONLY]
+    return [c for c in cfgs if (ONLY is None or c[0] in ONLY) and
+            (CONFIGS is None or f"{c[0]}@{c[1]}" in CONFIGS)]
 
 
 def sh(args, **kw):
@@ -71,6 +76,8 @@ def sh(args, **kw):
 
 
 def model_path(key):
+    if os.environ.get("MODEL"):  # a copy of the model elsewhere (one key per run)
+        return os.environ["MODEL"]
     return os.path.join(ROOT, sh(["bash", os.path.join(ROOT, "scripts", "get_model.sh"), key]).stdout.strip())
 
 
