@@ -15,7 +15,8 @@ usage: kv_quality.py [--quick] [--resume-log FILE] [--report-only] MODEL_KEY...
     printed by an interrupted run of the same build (lines "KEY ppl c=CTX POLICY a=ALPHA: PPL")
     env KVQ_OUT=DIR writes the results (json, md, plots) into DIR instead of bench/results (a
     rerun to compare with the recorded one); KVQ_CONFIGS=full@1.0,tiered@0.1,... measures only
-    those configurations (policy@alpha); MODEL=PATH takes the model from PATH (one key per run)
+    those configurations (policy@alpha); KVQ_PPL_CTX=4096 and KVQ_PASSKEY=2048 only those
+    perplexity contexts and passkey lengths; MODEL=PATH takes the model from PATH (one key per run)
 """
 import json
 import os
@@ -54,6 +55,11 @@ MODELS = {
     "qwen2": dict(name="Qwen2.5-Coder-0.5B-Instruct Q4_K_M (context 32K)", ppl_ctx=[4096],
                   passkey=[2048], ppl_chunks=1, reduced=True),
 }
+# KVQ_PPL_CTX=4096 / KVQ_PASSKEY=2048: only these perplexity contexts / passkey lengths
+for env, field in (("KVQ_PPL_CTX", "ppl_ctx"), ("KVQ_PASSKEY", "passkey")):
+    if os.environ.get(env):
+        for m in MODELS.values():
+            m[field] = [c for c in m[field] if str(c) in os.environ[env].split(",")]
 if QUICK:
     for m in MODELS.values():
         m["ppl_ctx"] = m["ppl_ctx"][:1]
