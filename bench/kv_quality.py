@@ -13,6 +13,10 @@ For each model and each (policy, alpha), next to `full` on the same inputs:
 usage: kv_quality.py [--quick] [--resume-log FILE] [--report-only] MODEL_KEY...
     keys: smollm2, qwen2 (see scripts/get_model.sh); --resume-log takes the perplexities already
     printed by an interrupted run of the same build (lines "KEY ppl c=CTX POLICY a=ALPHA: PPL")
+    env KVQ_OUT=DIR writes the results (json, md, plots) into DIR instead of bench/results (a
+    rerun to compare with the recorded one); KVQ_CONFIGS=full@1.0,tiered@0.1,... measures only
+    those configurations (policy@alpha); KVQ_PPL_CTX=4096 and KVQ_PASSKEY=2048 only those
+    perplexity contexts and passkey lengths; MODEL=PATH takes the model from PATH (one key per run)
 """
 import json
 import os
@@ -24,7 +28,8 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TERRACE = os.environ.get("TERRACE_BIN", os.path.join(ROOT, "build", "terrace"))
 PY = os.path.join(ROOT, ".venv", "bin", "python3")
-OUT_DIR = os.path.join(ROOT, "bench", "results")
+OUT_DIR = os.environ.get("KVQ_OUT") or os.path.join(ROOT, "bench", "results")
+CONFIGS = os.environ["KVQ_CONFIGS"].split(",") if os.environ.get("KVQ_CONFIGS") else None
 QUICK = "--quick" in sys.argv
 RESUME = sys.argv[sys.argv.index("--resume-log") + 1] if "--resume-log" in sys.argv else None
 # --only P[,P]: run just these policies (full's figures come from the recorded results) and add
@@ -50,6 +55,11 @@ MODELS = {
     "qwen2": dict(name="Qwen2.5-Coder-0.5B-Instruct Q4_K_M (context 32K)", ppl_ctx=[4096],
                   passkey=[2048], ppl_chunks=1, reduced=True),
 }
+# KVQ_PPL_CTX=4096 / KVQ_PASSKEY=2048: only these perplexity contexts / passkey lengths
+for env, field in (("KVQ_PPL_CTX", "ppl_ctx"), ("KVQ_PASSKEY", "passkey")):
+    if os.environ.get(env):
+        for m in MODELS.values():
+            m[field] = [c for c in m[field] if str(c) in os.environ[env].split(",")]
 if QUICK:
     for m in MODELS.values():
         m["ppl_ctx"] = m["ppl_ctx"][:1]
@@ -63,7 +73,8 @@ REDUCED = [("full", 1.0), ("tiered", 0.05), ("tiered", 0.1), ("tiered", 0.2),
 
 
 def only(cfgs):
-    return [c for c in cfgs if ONLY is None or c[0] in ONLY]
+    return [c for c in cfgs if (ONLY is None or c[0] in ONLY) and
+            (CONFIGS is None or f"{c[0]}@{c[1]}" in CONFIGS)]
 
 
 def sh(args, **kw):
@@ -71,6 +82,8 @@ def sh(args, **kw):
 
 
 def model_path(key):
+    if os.environ.get("MODEL"):  # a copy of the model elsewhere (one key per run)
+        return os.environ["MODEL"]
     return os.path.join(ROOT, sh(["bash", os.path.join(ROOT, "scripts", "get_model.sh"), key]).stdout.strip())
 
 

@@ -199,7 +199,12 @@ int cmd_logits(int argc, char **argv) {
         const int32_t n0 = n - (int32_t)tail;
         int32_t *top1 = malloc((size_t)tail * sizeof *top1);
         double *nll = malloc((size_t)tail * sizeof *nll);
+        print_kv_note(s, true);
+        /* timed as a run times its prefill and decode steps: the eval calls only */
+        double t0 = now_ms();
         bool ok = top1 && nll && !tr_session_eval(s, tokens, n0, logits, false, &err);
+        const double prefill_ms = now_ms() - t0;
+        double decode_ms = 0.0;
         for (int32_t i = n0; ok && i < n; i++)
             if (tokens[i] >= nv) {
                 snprintf(err.msg, sizeof err.msg, "token %d at %d: the vocabulary has %d", tokens[i],
@@ -219,14 +224,31 @@ int cmd_logits(int argc, char **argv) {
             for (int32_t v = 0; v < nv; v++) sum += exp((double)logits[v] - (double)mx);
             top1[i - n0] = best;
             nll[i - n0] = log(sum) - ((double)logits[tokens[i]] - (double)mx);
-            if (i + 1 < n) ok = !tr_session_eval(s, &tokens[i], 1, logits, false, &err);
+            if (i + 1 < n) {
+                t0 = now_ms();
+                ok = !tr_session_eval(s, &tokens[i], 1, logits, false, &err);
+                decode_ms += now_ms() - t0;
+            }
         }
         if (ok) {
             printf("{\"top1\": [");
             for (long i = 0; i < tail; i++) printf("%s%d", i ? ", " : "", top1[i]);
             printf("], \"nll\": [");
             for (long i = 0; i < tail; i++) printf("%s%.6f", i ? ", " : "", nll[i]);
-            printf("]}\n");
+            /* what the run's summary reports, for one pass that measures and scores together:
+             * prefill and decode time (tail - 1 decode steps), the KV cache's counters, the
+             * plan without its margin and the peak RSS */
+            tr_kv_stats kv;
+            tr_session_get_kv_stats(s, &kv);
+            char kvj[4096];
+            tr_kv_stats_format(&kv, TR_KV_STATS_JSON, "", kvj, sizeof kvj);
+            tr_mem_plan pl;
+            tr_session_get_plan(s, &pl);
+            printf("], \"prompt\": %d, \"prefill_ms\": %.3f, \"decode_steps\": %ld, "
+                   "\"decode_ms\": %.3f, \"plan_mib\": %.3f, \"peak_rss_mib\": %.3f, %s}\n",
+                   n0, prefill_ms, tail - 1, decode_ms,
+                   (double)(pl.total_bytes - pl.margin_bytes) / (1024.0 * 1024.0), peak_rss_mib(),
+                   kvj);
         } else if (!top1 || !nll) {
             snprintf(err.msg, sizeof err.msg, "out of memory for %ld positions", tail);
         }

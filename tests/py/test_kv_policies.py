@@ -89,6 +89,14 @@ def run_all(tmp, cold, sock):
                   f"max |d nll| {dn:.2e}")
             print(f"  {label:18s} logits --tail 24 = the batched logits: top-1 {same}, "
                   f"max |d nll| {dn:.2e}")
+            # the run summary's figures beside them: the prompt prefilled, 23 decode steps timed,
+            # the KV cache's counters (full: nothing read), the plan and the peak RSS
+            summ = (tail.get("prompt") == len(toks) - 24 and tail.get("decode_steps") == 23 and
+                    tail.get("prefill_ms", 0) > 0 and tail.get("decode_ms", 0) > 0 and
+                    tail.get("kv_policy") == "full" and tail.get("kv_tokens") == len(toks) - 1 and
+                    tail.get("kv_bytes_read") == 0 and tail.get("plan_mib", 0) > 0 and
+                    tail.get("peak_rss_mib", 0) > 0)
+            check(summ, f"{label} logits --tail 24: summary fields {sorted(tail)[:12]}")
         for pol in POLICIES:
             for where, extra in (("hot", []), ("cold", ["--kv-hot", "64K", "--kv-cold", cold])):
                 got, e = logits(path, toks, ["--kv-policy", pol, "--kv-alpha", "1", *extra],
