@@ -93,11 +93,12 @@ int main(int argc, char **argv) {
     const uint64_t budgets[] = {TR_EXPERT_CACHE_MIN, ms.expert_total_bytes / 7,
                                 ms.expert_total_bytes / 3, ms.expert_total_bytes * 2};
     const size_t nbud = sizeof budgets / sizeof budgets[0];
-    /* plain, with the lookahead's protection, with protection and read-ahead of 4 */
+    /* plain, with the lookahead's protection, with protection and the default read-ahead (auto:
+     * the next layer's predicted top-k wherever the budget is below every expert) */
     for (size_t bb = 0; bb < 3 * nbud; bb++) {
         const size_t b = bb % nbud;
         g_lookahead = bb >= nbud;
-        g_prefetch = bb >= 2 * nbud ? 4 : 0;
+        g_prefetch = bb >= 2 * nbud ? TR_EXPERT_PREFETCH_AUTO : 0;
         tr_model *m = load(path, TR_EXPERTS_CACHE, budgets[b], &err, &st);
         if (!m) {
             /* a fraction of the total may fall below the minimum for tiny models: fine if so */
@@ -113,7 +114,7 @@ int main(int argc, char **argv) {
             TU_CHECK(same, "budget %llu changed the logits", (unsigned long long)s.expert_budget_bytes);
             printf("  budget %8.2f MiB (%s%s%s): hits %llu misses %llu read %.2f MiB -> logits %s\n",
                    (double)s.expert_budget_bytes / 1048576.0, s.expert_policy,
-                   g_lookahead ? ", lookahead" : "", g_prefetch ? ", prefetch 4" : "",
+                   g_lookahead ? ", lookahead" : "", g_prefetch ? ", prefetch auto" : "",
                    (unsigned long long)s.expert_hits, (unsigned long long)s.expert_misses,
                    (double)s.expert_bytes_read / 1048576.0, same ? "identical to mmap" : "DIFFER");
         }
@@ -123,7 +124,7 @@ int main(int argc, char **argv) {
     }
 
     g_lookahead = false;
-    g_prefetch = 0;
+    g_prefetch = TR_EXPERT_PREFETCH_AUTO;
     /* auto: the plan's arithmetic holds, its margin is at most a tenth of the cap, and the cache
      * got the budget it states; under a --mem-budget of dense + 24 MiB it is the arena that gives */
     for (int with_cap = 0; with_cap < 2; with_cap++) {
