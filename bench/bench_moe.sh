@@ -125,7 +125,8 @@ for r in $(seq "$REPS"); do
         --expert-lookahead off
     if [ -n "$PREV" ]; then BIN=$PREV run_terrace "prevbuild-$r" --expert-lookahead off; fi
 done
-run_terrace mmap --experts mmap
+# the plan counts mapped weights whole: a budget above the file lets the kernel page them under the cap
+run_terrace mmap --experts mmap --mem-budget $((size * 2))
 
 # 4. llama.cpp: mmap, weight repacking off (use_extra_bufts = false), inside the same cgroup
 drop
