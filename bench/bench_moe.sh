@@ -3,10 +3,11 @@
 # experts, top-8, expert FFN 512, hidden 1024; random weights, quantized by llama.cpp) run inside
 # a memory cgroup capped at half the file size (page cache counted), caches dropped before each
 # run, 64 generated tokens:
-#   terrace's default (--expert-cache auto, adaptive policy) with and without the router
+#   terrace's default (--expert-cache auto, adaptive policy, --expert-prefetch auto: the next
+#   layer's predicted top-k read ahead) and the same without read-ahead, with the router
 #   lookahead, LRU at the same budget, the previous default (the old auto budget and policy
-#   layered, given explicitly), read-ahead of 8 experts, terrace --experts mmap, llama.cpp (mmap,
-#   repacking off)
+#   layered, given explicitly), the default of another build (PREV=path/to/terrace, e.g. the
+#   previous commit's), terrace --experts mmap, llama.cpp (mmap, repacking off)
 # and, in the same run, the physical limit of the capped run: terrace uncapped with every expert
 # cached (the compute side), the disk's rate for expert-sized O_DIRECT reads at terrace's queue
 # depth (bench/disk_rate.py), the bytes each capped run missed per token, and dd's rate.
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 THREADS=${THREADS:-$(nproc)}
 NGEN=${NGEN:-64}
 REPS=${REPS:-3}
-OUT=bench/results/moe.md
+OUT=${OUT:-bench/results/moe.md}
 CG=/sys/fs/cgroup/memory/terrace-bench
 RAW=build/bench/moe-runs.jsonl
 mkdir -p bench/results build/bench
@@ -79,7 +80,7 @@ run_terrace() { # label, extra flags...
     drop
     local tel=build/bench/moe-$label.jsonl
     rm -f "$tel"
-    capped ./build/terrace run -m "$model" -p "$prompt" -n "$NGEN" --temp 0 --ignore-eos -t "$THREADS" -c 256 \
+    capped "${BIN:-./build/terrace}" run -m "$model" -p "$prompt" -n "$NGEN" --temp 0 --ignore-eos -t "$THREADS" -c 256 \
         --no-display-prompt --telemetry "$tel" "$@" >/dev/null 2>build/bench/moe-$label.err || {
         echo "bench: terrace $label failed:" >&2; tail -5 build/bench/moe-$label.err >&2; return 1; }
     local cg_peak
@@ -105,6 +106,7 @@ print(json.dumps({
     "budget_mb": last["budget_bytes"] / 2**20,
     "missed_per_tok": (b["bytes_read"] - a["bytes_read"]) / n_ss,
     "dec_ms_per_tok": dec_ms,
+    "ss_wait_ms": (b["io_wait_ms"] - a["io_wait_ms"]) / n_ss,
     "policy_us_per_tok": 1e3 * (b["policy_ms"] - a["policy_ms"]) / n_ss,
     "hidden_us_per_tok": 1e3 * (b.get("policy_hidden_ms", 0) - a.get("policy_hidden_ms", 0)) / n_ss,
     "protected_evictions": last["protected_evictions"],
@@ -113,14 +115,18 @@ print(json.dumps({
     "plan": plan.group(1) if plan else None}))
 PY
 }
+PREV=${PREV:-}
 for r in $(seq "$REPS"); do
     run_terrace "adaptive-$r" --expert-lookahead off
+    run_terrace "noprefetch-$r" --expert-prefetch 0 --expert-lookahead off
     run_terrace "lookahead-$r" --expert-lookahead on
     run_terrace "lru-$r" --expert-policy lru --expert-lookahead off
-    run_terrace "previous-$r" --expert-cache "$old_budget" --expert-policy layered --expert-lookahead off
+    run_terrace "previous-$r" --expert-cache "$old_budget" --expert-policy layered --expert-prefetch 0 \
+        --expert-lookahead off
+    if [ -n "$PREV" ]; then BIN=$PREV run_terrace "prevbuild-$r" --expert-lookahead off; fi
 done
-run_terrace prefetch --expert-prefetch 8 --expert-lookahead off
-run_terrace mmap --experts mmap
+# the plan counts mapped weights whole: a budget above the file lets the kernel page them under the cap
+run_terrace mmap --experts mmap --mem-budget $((size * 2))
 
 # 4. llama.cpp: mmap, weight repacking off (use_extra_bufts = false), inside the same cgroup
 drop
@@ -156,7 +162,7 @@ dense=$(./build/terrace bench -m "$model" -p 0 -n "$NGEN" -r 5 -t "$THREADS" --e
 python3 - "$model" "$size" "$cap" "$dd_gbs" "$RAW" "$llama" "$full" "$dense" "$THREADS" "$NGEN" \
     "$disk4" "$disk1" "$old_budget" "$(git rev-parse --short HEAD)" \
     "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" "$(grep -o -m1 'avx512f' /proc/cpuinfo || echo avx2)" > "$OUT" <<'PY'
-import json, sys, datetime, statistics as S
+import json, os, sys, datetime, statistics as S
 (model, size, cap, dd, raw, ll, full, dense, threads, ngen, disk4, disk1, old_budget, commit,
  cpu, isa) = sys.argv[1:17]
 size, cap, dd, old_budget = int(size), int(cap), float(dd), int(old_budget)
@@ -186,11 +192,12 @@ print(f"{datetime.date.today()}, commit {commit}, {cpu} ({'AVX-512' if isa == 'a
 print("| run | budget MiB | tok/s | vs llama.cpp | hit rate | MiB missed/token | peak RSS MiB | cgroup peak MiB (of the cap) | policy µs/token (of decode) | of it hidden in read waits |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 print(f"| llama.cpp (mmap, repack off) | – | {ll['tok_s']:.2f} | 1.00x | – | – | {ll['rss_mb']:.0f} | – | – | – |")
-rows = [("terrace default: auto budget, adaptive", "adaptive"),
+rows = [("terrace default: auto budget, adaptive, read-ahead of the predicted top-k", "adaptive"),
+        ("… --expert-prefetch 0 (no read-ahead)", "noprefetch"),
         ("… with --expert-lookahead on", "lookahead"),
         ("… --expert-policy lru", "lru"),
-        ("the previous default (old auto budget, layered)", "previous"),
-        ("… adaptive, --expert-prefetch 8", "prefetch"),
+        ("the previous default (old auto budget, layered, no read-ahead)", "previous"),
+        ("the default of " + os.environ.get("PREV_NAME", "PREV"), "prevbuild"),
         ("terrace --experts mmap", "mmap")]
 for title, key in rows:
     rs = group(key)
@@ -216,7 +223,9 @@ print(f"- the disk, expert-sized O_DIRECT reads ({d4['expert_bytes'] / 1024:.0f}
 print("- limit = 1 / max(1 / uncapped tok/s, bytes missed per token / disk rate):\n")
 print("| run | tok/s | limit tok/s | of the limit | of uncapped |")
 print("|---|---:|---:|---:|---:|")
-for title, rs in (("default (adaptive)", a), ("with lookahead", la), ("lru", lr), ("previous default", pv)):
+np_, pb = group("noprefetch"), group("prevbuild")
+for title, rs in (("default (adaptive, read-ahead)", a), ("no read-ahead", np_), ("with lookahead", la),
+                  ("lru", lr), ("previous default", pv), ("default of " + os.environ.get("PREV_NAME", "PREV"), pb)):
     if rs:
         lim = limit(rs)
         print(f"| {title} | {mean(rs, 'tok_s'):.2f} | {lim:.2f} | {100 * mean(rs, 'tok_s') / lim:.0f}% | "
@@ -240,12 +249,14 @@ if a and la:
           f"{100 * mean(la, 'hit_rate'):.1f}% vs {100 * mean(a, 'hit_rate'):.1f}% hits, {mean(la, 'tok_s'):.2f} vs "
           f"{mean(a, 'tok_s'):.2f} tok/s, {mean(la, 'missed_per_tok') / mib:.1f} vs {mean(a, 'missed_per_tok') / mib:.1f} "
           f"MiB missed per token; {mean(la, 'protected_evictions'):.0f} protected experts evicted for want of others")
-pf = group("prefetch")
-if pf and pf[0]["pf_acc"] is not None:
-    p = pf[0]
-    print(f"- prefetch (next layer's router on this layer's input, 8 experts): {p['pf_acc']:.1f}% of the "
-          f"experts the router then chose had been predicted; {p['pf_issued']} reads issued, {p['pf_used']} used, "
-          f"{p['pf_wasted_mb']:.0f} MiB wasted; {p['tok_s']:.2f} tok/s")
+if a and a[0]["pf_acc"] is not None:
+    print(f"- read-ahead (next layer's router on this layer's input, its top-k): {a[0]['pf_acc']:.1f}% of the "
+          f"experts the router then chose had been predicted; per run {mean(a, 'pf_issued'):.0f} reads issued, "
+          f"{mean(a, 'pf_used'):.0f} used, {mean(a, 'pf_wasted_mb'):.0f} MiB wasted")
+if a and np_:
+    print(f"- with vs without read-ahead: {mean(a, 'tok_s'):.2f} vs {mean(np_, 'tok_s'):.2f} tok/s; the compute "
+          f"thread waited for reads {mean(a, 'ss_wait_ms'):.2f} vs {mean(np_, 'ss_wait_ms'):.2f} ms per token "
+          f"(steady state, of {mean(a, 'dec_ms_per_tok'):.1f} vs {mean(np_, 'dec_ms_per_tok'):.1f} ms)")
 mm = group("mmap")
 if mm and a:
     print(f"- major faults, default vs terrace mmap: {mean(a, 'majflt'):.0f} vs {mean(mm, 'majflt'):.0f}")

@@ -249,6 +249,8 @@ typedef enum tr_experts_mode {
 
 #define TR_EXPERT_CACHE_MIN UINT64_MAX
 
+#define TR_EXPERT_PREFETCH_AUTO (-1)
+
 typedef struct tr_model_params {
     int n_threads;         /* <= 0: physical cores */
     bool no_mmap;          /* true: read weights into memory instead of mapping them */
@@ -260,7 +262,10 @@ typedef struct tr_model_params {
                                     TR_EXPERT_CACHE_MIN: the smallest legal budget */
     uint64_t mem_budget_bytes;   /* 0: auto — the memory cgroup's limit, else MemAvailable */
     const char *expert_policy;   /* NULL: "auto" (= "adaptive": set dueling, src/experts) */
-    int expert_prefetch;         /* experts of the next layer to read ahead (0: off) */
+    /* experts of the next layer to read ahead, predicted by its router from this layer's input:
+     * 0 off; TR_EXPERT_PREFETCH_AUTO (tr_model_default_params): the router's top-k whenever the
+     * expert cache cannot hold every expert, else off */
+    int expert_prefetch;
     /* router lookahead: the next layer's router applied to this layer's input predicts its
      * experts; the resident ones are kept from eviction while this layer loads, none is read
      * early */

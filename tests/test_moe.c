@@ -1,7 +1,7 @@
 /*
  * MoE models through the expert cache: every budget from the smallest legal one to "everything
- * fits", with and without the router lookahead's protection, and plain mmap, give bit-identical
- * logits; a budget below one layer's top-k is refused
+ * fits", with and without the router lookahead's protection, with read-ahead of predicted
+ * experts, and plain mmap, give bit-identical logits; a budget below one layer's top-k is refused
  * with the minimum; an I/O error while loading an expert fails the evaluation with a message
  * (never wrong tokens) and the model stays usable; two threads with their own sessions share one
  * model and its cache (this test also runs under ThreadSanitizer).
@@ -38,6 +38,7 @@ static float *eval_all(tr_model *m, tr_error *err, tr_status *st) {
 }
 
 static bool g_lookahead;
+static int g_prefetch;
 
 static tr_model *load(const char *path, tr_experts_mode mode, uint64_t budget, tr_error *err,
                       tr_status *st) {
@@ -46,6 +47,7 @@ static tr_model *load(const char *path, tr_experts_mode mode, uint64_t budget, t
     mp.experts = mode;
     mp.expert_cache_bytes = budget;
     mp.expert_lookahead = g_lookahead;
+    mp.expert_prefetch = g_prefetch;
     tr_model *m = NULL;
     *st = tr_model_load(path, &mp, &m, err);
     return m;
@@ -91,9 +93,12 @@ int main(int argc, char **argv) {
     const uint64_t budgets[] = {TR_EXPERT_CACHE_MIN, ms.expert_total_bytes / 7,
                                 ms.expert_total_bytes / 3, ms.expert_total_bytes * 2};
     const size_t nbud = sizeof budgets / sizeof budgets[0];
-    for (size_t bb = 0; bb < 2 * nbud; bb++) {
+    /* plain, with the lookahead's protection, with protection and the default read-ahead (auto:
+     * the next layer's predicted top-k wherever the budget is below every expert) */
+    for (size_t bb = 0; bb < 3 * nbud; bb++) {
         const size_t b = bb % nbud;
         g_lookahead = bb >= nbud;
+        g_prefetch = bb >= 2 * nbud ? TR_EXPERT_PREFETCH_AUTO : 0;
         tr_model *m = load(path, TR_EXPERTS_CACHE, budgets[b], &err, &st);
         if (!m) {
             /* a fraction of the total may fall below the minimum for tiny models: fine if so */
@@ -107,9 +112,9 @@ int main(int argc, char **argv) {
         if (got) {
             const int same = memcmp(got, ref, sizeof(float) * N_TOK * nv) == 0;
             TU_CHECK(same, "budget %llu changed the logits", (unsigned long long)s.expert_budget_bytes);
-            printf("  budget %8.2f MiB (%s%s): hits %llu misses %llu read %.2f MiB -> logits %s\n",
+            printf("  budget %8.2f MiB (%s%s%s): hits %llu misses %llu read %.2f MiB -> logits %s\n",
                    (double)s.expert_budget_bytes / 1048576.0, s.expert_policy,
-                   g_lookahead ? ", lookahead" : "",
+                   g_lookahead ? ", lookahead" : "", g_prefetch ? ", prefetch auto" : "",
                    (unsigned long long)s.expert_hits, (unsigned long long)s.expert_misses,
                    (double)s.expert_bytes_read / 1048576.0, same ? "identical to mmap" : "DIFFER");
         }
@@ -119,6 +124,7 @@ int main(int argc, char **argv) {
     }
 
     g_lookahead = false;
+    g_prefetch = TR_EXPERT_PREFETCH_AUTO;
     /* auto: the plan's arithmetic holds, its margin is at most a tenth of the cap, and the cache
      * got the budget it states; under a --mem-budget of dense + 24 MiB it is the arena that gives */
     for (int with_cap = 0; with_cap < 2; with_cap++) {

@@ -3,11 +3,18 @@
  * after tr_pool_run returns, dynamic chunk claiming covers every item exactly once, and the pool
  * survives idle periods (workers go to sleep and wake up again). With more threads than cores
  * (8 on the 2-core test machine), back-to-back runs of different tasks: a worker that wakes late
- * must not run a part of a later run with an earlier run's task or context. Also run under TSan.
+ * must not run a part of a later run with an earlier run's task or context. The I/O pool: a worker
+ * takes urgent jobs before jobs queued earlier by plain submit, first to last within each kind.
+ * Also run under TSan.
  */
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "core/io.h"
 #include "core/pool.h"
 #include "testutil.h"
 
@@ -48,8 +55,71 @@ static void dynamic_task(void *ctx, int ith, int nth) {
         for (int64_t i = b; i < e; i++) j->hits[i]++;
 }
 
-int main(void) {
+/* I/O pool order: one worker is held inside the first job's completion until the main thread
+ * has queued plain and urgent jobs behind it; then the completions must come urgent first */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool hold, held;
+    uint32_t order[8];
+    int n;
+} io_order;
+
+static void io_order_done(void *ctx, tr_io_job *j) {
+    io_order *o = ctx;
+    pthread_mutex_lock(&o->mu);
+    o->order[o->n++] = j->owner;
+    if (j->owner == 0) {
+        o->held = true;
+        pthread_cond_broadcast(&o->cv);
+        while (o->hold) pthread_cond_wait(&o->cv, &o->mu);
+    }
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+static void test_io_urgent(const char *path) {
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    TU_CHECK(fd >= 0, "open %s", path);
+    if (fd < 0) return;
+    io_order o = {.hold = true};
+    pthread_mutex_init(&o.mu, NULL);
+    pthread_cond_init(&o.cv, NULL);
+    tr_io_pool *io = NULL;
     tr_error err;
+    TU_CHECK(tr_io_pool_create(1, io_order_done, &o, &io, &err) == TR_OK, "%s", err.msg);
+    static unsigned char buf[5][64];
+    tr_io_job jobs[5];
+    for (uint32_t i = 0; i < 5; i++)
+        jobs[i] = (tr_io_job){.fd = fd, .offset = 64 * i, .len = 64, .need = 64, .dst = buf[i],
+                              .owner = i};
+    jobs[1].next = &jobs[2];
+    jobs[3].next = &jobs[4];
+    tr_io_pool_submit(io, &jobs[0], &jobs[0]);
+    pthread_mutex_lock(&o.mu);
+    while (!o.held) pthread_cond_wait(&o.cv, &o.mu);
+    pthread_mutex_unlock(&o.mu);
+    tr_io_pool_submit(io, &jobs[1], &jobs[2]);        /* plain: 1, 2 */
+    tr_io_pool_submit_urgent(io, &jobs[3], &jobs[4]); /* urgent: 3, 4 */
+    pthread_mutex_lock(&o.mu);
+    o.hold = false;
+    pthread_cond_broadcast(&o.cv);
+    while (o.n < 5) pthread_cond_wait(&o.cv, &o.mu);
+    pthread_mutex_unlock(&o.mu);
+    static const uint32_t want[5] = {0, 3, 4, 1, 2};
+    for (int i = 0; i < 5; i++)
+        TU_CHECK(o.order[i] == want[i], "I/O completion %d: job %u, expected %u", i, o.order[i],
+                 want[i]);
+    for (int i = 0; i < 5; i++) TU_CHECK(jobs[i].got == 64 && jobs[i].err == 0, "job %d read", i);
+    tr_io_pool_free(io);
+    pthread_cond_destroy(&o.cv);
+    pthread_mutex_destroy(&o.mu);
+    close(fd);
+}
+
+int main(int argc, char **argv) {
+    tr_error err;
+    test_io_urgent(argc > 0 ? argv[0] : "/proc/self/exe");
     TU_CHECK(tr_cpu_physical_cores() >= 1, "physical cores");
     printf("  physical cores: %d\n", tr_cpu_physical_cores());
     static const int sizes[] = {1, 2, 3, 4, 8};

@@ -159,7 +159,7 @@ bool gen_check_model_flags(const gen_opts *o, tr_model *m) {
         {"--experts mmap", o->experts_mmap, false},
         {"--expert-cache", o->expert_cache != 0, true},
         {"--expert-policy", o->expert_policy != NULL, true},
-        {"--expert-prefetch", o->expert_prefetch > 0, true},
+        {"--expert-prefetch", gen_given(o, "--expert-prefetch"), true},
         {"--expert-lookahead", gen_given(o, "--expert-lookahead"), true},
         {"--io-threads", o->io_threads > 0, true},
         {"--route-trace", o->route_trace != NULL, false},

@@ -64,7 +64,7 @@ static const flag k_flags[] = {
     {"--expert-cache", F_ECACHE, true, "SIZE|auto|min  MoE: expert cache budget (e.g. 2G)"},
     {"--mem-budget", F_MEMBUDGET, true, "SIZE  the memory budget: weights, expert cache, KV, scratch (auto: cgroup limit or MemAvailable); run --dry-run prints the plan"},
     {"--expert-policy", F_EPOLICY, true, "NAME  MoE: eviction policy (auto, lru, lfu, ...)"},
-    {"--expert-prefetch", F_EPREFETCH, true, "N MoE: read N predicted experts of the next layer ahead"},
+    {"--expert-prefetch", F_EPREFETCH, true, "N|auto MoE: read N predicted experts of the next layer ahead (auto: top-k if experts spill)"},
     {"--expert-lookahead", F_ELOOKAHEAD, true, "on|off MoE: keep the next layer's predicted experts from eviction"},
     {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
     {"--route-trace", F_ROUTETRACE, true, "FILE MoE: write the routing trace (CSV)"},
@@ -161,6 +161,7 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
     o->n_prompt_bench = 512;
     o->n_gen_bench = 128;
     o->reps = 3;
+    o->expert_prefetch = TR_EXPERT_PREFETCH_AUTO;
     const bool bench = !strcmp(cmd, "bench");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -279,7 +280,14 @@ bool gen_parse(int argc, char **argv, gen_opts *o, const char *cmd, void (*usage
             break;
         }
         case F_EPOLICY: o->expert_policy = v; break;
-        case F_EPREFETCH: if (!cli_parse_int(a, v, 0, 64, &n)) return false; o->expert_prefetch = (int)n; break;
+        case F_EPREFETCH:
+            if (!strcmp(v, "auto")) {
+                o->expert_prefetch = TR_EXPERT_PREFETCH_AUTO;
+                break;
+            }
+            if (!cli_parse_int(a, v, 0, 64, &n)) return false;
+            o->expert_prefetch = (int)n;
+            break;
         case F_ELOOKAHEAD:
             if (strcmp(v, "on") && strcmp(v, "off")) {
                 cli_error("%s expects on or off, got '%s'", a, v);

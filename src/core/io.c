@@ -16,7 +16,8 @@ struct tr_io_pool {
     void *ctx;
     pthread_mutex_t mu; /* guards the queue and stop */
     pthread_cond_t cv;  /* work queued or stop */
-    tr_io_job *head, *tail;
+    tr_io_job *head, *tail; /* queued jobs, taken first to last */
+    tr_io_job *uhead, *utail; /* urgent jobs (tr_io_pool_submit_urgent): taken before any other */
     bool stop;
     atomic_uint_fast64_t n_reads; /* reads started, for fault injection */
     uint64_t eio_at, short_at;    /* set before any job is submitted */
@@ -55,14 +56,21 @@ static void *io_worker(void *arg) {
     tr_io_pool *p = arg;
     for (;;) {
         pthread_mutex_lock(&p->mu);
-        while (!p->head && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        while (!p->head && !p->uhead && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
         if (p->stop) {
             pthread_mutex_unlock(&p->mu);
             return NULL;
         }
-        tr_io_job *j = p->head;
-        p->head = j->next;
-        if (!p->head) p->tail = NULL;
+        tr_io_job *j;
+        if (p->uhead) {
+            j = p->uhead;
+            p->uhead = j->next;
+            if (!p->uhead) p->utail = NULL;
+        } else {
+            j = p->head;
+            p->head = j->next;
+            if (!p->head) p->tail = NULL;
+        }
         pthread_mutex_unlock(&p->mu);
 
         const uint64_t nr = atomic_fetch_add(&p->n_reads, 1) + 1;
@@ -116,21 +124,30 @@ void tr_io_pool_free(tr_io_pool *p) {
     free(p);
 }
 
-void tr_io_pool_submit(tr_io_pool *p, tr_io_job *first, tr_io_job *last) {
+static void submit(tr_io_pool *p, tr_io_job **head, tr_io_job **tail, tr_io_job *first,
+                   tr_io_job *last) {
     if (!first) return;
     last->next = NULL;
     pthread_mutex_lock(&p->mu);
-    if (p->tail)
-        p->tail->next = first;
+    if (*tail)
+        (*tail)->next = first;
     else
-        p->head = first;
-    p->tail = last;
+        *head = first;
+    *tail = last;
     /* one wake-up per job up to the pool size; broadcast when the chain is long */
     if (first == last)
         pthread_cond_signal(&p->cv);
     else
         pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
+}
+
+void tr_io_pool_submit(tr_io_pool *p, tr_io_job *first, tr_io_job *last) {
+    submit(p, &p->head, &p->tail, first, last);
+}
+
+void tr_io_pool_submit_urgent(tr_io_pool *p, tr_io_job *first, tr_io_job *last) {
+    submit(p, &p->uhead, &p->utail, first, last);
 }
 
 void tr_io_pool_set_faults(tr_io_pool *p, uint64_t eio_at, uint64_t short_at) {

@@ -48,6 +48,10 @@ void tr_io_pool_free(tr_io_pool *p);
 
 /* Queue a chain of jobs linked through next (NULL-terminated); returns at once. */
 void tr_io_pool_submit(tr_io_pool *p, tr_io_job *first, tr_io_job *last);
+/* The same for jobs someone waits on now: a worker takes every urgent job before any job queued
+ * by tr_io_pool_submit (speculative reads never delay a demand read that comes after them);
+ * first to last among urgent jobs. */
+void tr_io_pool_submit_urgent(tr_io_pool *p, tr_io_job *first, tr_io_job *last);
 
 /* 0 = off. Read numbers count from 1 over the pool's lifetime. */
 void tr_io_pool_set_faults(tr_io_pool *p, uint64_t eio_at, uint64_t short_at);

@@ -806,7 +806,8 @@ tr_status tr_expert_cache_acquire(tr_expert_cache *c, int32_t layer, const int32
         c->st.io_wait_ns += tr_now_ns() - t0;
     }
     pthread_mutex_unlock(&c->mu);
-    tr_io_pool_submit(c->io, first, last);
+    /* demand reads before any prefetch still queued: the compute thread waits for these */
+    tr_io_pool_submit_urgent(c->io, first, last);
     return TR_OK;
 }
 

@@ -538,7 +538,8 @@ static tr_status bind_weights(tr_model *m, tr_error *err) {
 /* ---------------------------------------------------------------------------------------------- */
 
 tr_model_params tr_model_default_params(void) {
-    return (tr_model_params){.n_threads = 0, .no_mmap = false};
+    return (tr_model_params){.n_threads = 0, .no_mmap = false,
+                             .expert_prefetch = TR_EXPERT_PREFETCH_AUTO};
 }
 
 /* routed expert weights: the expert cache reads these itself (their small F32 biases, gpt-oss,
@@ -838,10 +839,17 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
         if (is_routed_expert(ti->name)) m->expert_total_bytes += ti->nbytes;
     }
     m->dense_bytes = m->weight_bytes - m->expert_total_bytes;
-    m->expert_prefetch = p.expert_prefetch;
+    m->expert_prefetch = p.expert_prefetch > 0 ? p.expert_prefetch : 0;
     m->expert_lookahead = p.expert_lookahead;
     if (m->hp.n_expert > 0 && p.experts == TR_EXPERTS_CACHE && (s = setup_experts(m, &p, err)))
         goto fail;
+    /* auto: read the next layer's predicted top-k ahead while this layer computes, where misses
+     * are to come (a cache that holds every expert misses only while it fills) */
+    if (m->experts && p.expert_prefetch == TR_EXPERT_PREFETCH_AUTO) {
+        tr_expert_stats es;
+        tr_expert_cache_stats(m->experts, &es);
+        if (es.budget_bytes < m->expert_total_bytes) m->expert_prefetch = m->hp.n_expert_used;
+    }
     /* the memory budget the expert cache and --kv-policy auto share: tr_expert_plan's cap, from
      * the reading the cache's automatic budget was planned with, else from one taken now */
     if (m->plan.automatic) {

@@ -225,8 +225,6 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
         m->prefetch_predicted += (uint64_t)rows * (uint64_t)K;
         m->pred_n = 0;
     }
-    if (m->experts && (m->expert_prefetch > 0 || m->expert_lookahead) && rows <= 4)
-        predict_next(m, sc, l, rows);
 
     /* group (row, slot) pairs by expert: counting sort, rows ascending within an expert */
     memset(sc->moe_off, 0, (size_t)(NE + 1) * sizeof *sc->moe_off);
@@ -256,6 +254,10 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
             tr_expert_request *req = &sc->moe_req;
             tr_status st = tr_expert_cache_acquire(m->experts, l, sc->moe_used + u0, n, req, err);
             if (st) return st;
+            /* the next layer's prediction once this layer's misses are on their way (and its
+             * experts pinned, so a prefetch cannot evict them): its router runs while they load */
+            if (u0 == 0 && (m->expert_prefetch > 0 || m->expert_lookahead) && rows <= 4)
+                predict_next(m, sc, l, rows);
             for (;;) {
                 int32_t idx;
                 st = tr_expert_cache_next_ready(m->experts, req, &idx, err);
