@@ -32,11 +32,11 @@ synth() { # synth FTYPE_NAME FTYPE_ID -> path of the synthetic 1.1B model in tha
     echo "$f"
 }
 declare -A MODEL_PATH
-MODEL_PATH[smollm2-q4_1]=$(bash scripts/get_model.sh smollm2)
-MODEL_PATH[gemma3-q4_k_m]=$(bash scripts/get_model.sh gemma3)
 ALL="smollm2-q4_1 gemma3-q4_k_m llama1b-q4_0 llama1b-q4_k_m llama1b-q6_k llama1b-q8_0 llama1b-f16"
 for name in ${MODELS:-$ALL}; do
     case $name in
+    smollm2-q4_1) MODEL_PATH[$name]=$(bash scripts/get_model.sh smollm2) ;;
+    gemma3-q4_k_m) MODEL_PATH[$name]=$(bash scripts/get_model.sh gemma3) ;;
     llama1b-q4_0) MODEL_PATH[$name]=$(synth Q4_0 2) ;;
     llama1b-q4_k_m) MODEL_PATH[$name]=$(synth Q4_K_M 15) ;;
     llama1b-q6_k) MODEL_PATH[$name]=$(synth Q6_K 18) ;;

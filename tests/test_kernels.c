@@ -732,6 +732,30 @@ static void check_elementwise(const tr_kernels *fast, tu_rng *r) {
                          "%s swiglu n=%lld [%lld] (x %g): %.9g vs %.9g", fast->isa, (long long)n,
                          (long long)i, x[i], y[0][i], y[1][i]);
         }
+        if (fast->f16_round) {
+            /* the F16 gemm's activations: bit for bit the reference's, across the F16 range
+             * (subnormals, exact ties, overflow to inf, NaNs with payloads) */
+            static const uint32_t special[] = {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7F800000u,
+                                               0x477FF000u, 0x477FF001u, 0x33800000u, 0x33000000u,
+                                               0x33000001u, 0x387FC000u, 0x00000001u, 0x80000000u,
+                                               0x7F812345u, 0xFFFFFFFFu};
+            for (int64_t i = 0; i < n; i++) {
+                float v = x[i] * (i % 3 == 0 ? 1e-6f : i % 3 == 1 ? 3e3f : 1.0f);
+                if (i % 11 == 5) {
+                    const uint32_t b = special[(size_t)(i / 11) % (sizeof special / sizeof special[0])];
+                    memcpy(&v, &b, 4);
+                } else if (i % 11 == 7) { /* a tie halfway between two F16 values */
+                    uint32_t b = tr_f32_to_bits(v);
+                    b = (b & ~0x1FFFu) | 0x1000u;
+                    v = tr_bits_to_f32(b);
+                }
+                w[i] = v;
+            }
+            fast->f16_round(y[0], w, n);
+            tr_f16_round_ref(y[1], w, n);
+            TU_CHECK(!memcmp(y[0], y[1], sizeof(float) * (size_t)n),
+                     "%s f16_round n=%lld differs from the reference", fast->isa, (long long)n);
+        }
         if (fast->geglu) {
             for (int64_t i = 0; i < n; i++)
                 if (i % 7 == 3) x[i] = i % 2 ? 10.0f : -10.0f; /* the cut-offs themselves */

@@ -233,14 +233,20 @@ size_t tr_gemm_act_bytes(tr_type t, int64_t K) {
     return (bytes + 63) & ~(size_t)63;
 }
 
+void tr_f16_round_ref(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = tr_f16_to_f32(tr_f32_to_f16(x[i]));
+}
+
 void tr_gemm_act_row(tr_type t, int64_t K, const float *x, const void *aq, void *out) {
     const tr_gemm_traits *g = tr_gemm_traits_of(t);
     if (gemm_float(t)) {
         float *y = out;
+        if (t == TR_TYPE_F16) {
+            tr_f16_round_ref(y, x, K);
+            return;
+        }
         for (int64_t i = 0; i < K; i++)
-            y[i] = t == TR_TYPE_F16    ? tr_f16_to_f32(tr_f32_to_f16(x[i]))
-                   : t == TR_TYPE_BF16 ? tr_bf16_to_f32(tr_f32_to_bf16(x[i]))
-                                       : x[i];
+            y[i] = t == TR_TYPE_BF16 ? tr_bf16_to_f32(tr_f32_to_bf16(x[i])) : x[i];
         return;
     }
     const tr_gemm_act_parts p = tr_gemm_act_parts_of(t, K);
@@ -276,6 +282,12 @@ void tr_gemm_act_row(tr_type t, int64_t K, const float *x, const void *aq, void 
         corr[s] = -g->off * sum;
         mf[s] = !g->min ? 0.0f : vt == TR_TYPE_Q8_K ? dd * (float)sum : second;
     }
+}
+
+void tr_gemm_act_row_k(const tr_kernels *k, tr_type t, int64_t K, const float *x, const void *aq,
+                       void *out) {
+    if (t == TR_TYPE_F16 && k->f16_round) k->f16_round(out, x, K);
+    else tr_gemm_act_row(t, K, x, aq, out);
 }
 
 const tr_kernels *tr_kernels_best(void) {

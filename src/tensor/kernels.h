@@ -174,6 +174,9 @@ typedef struct tr_kernels {
     void (*swiglu)(float *g, const float *u, int64_t n);
     void (*geglu)(float *g, const float *u, int64_t n, const uint16_t *table);
     tr_vec_dot_2r_fn vec_dot_2r[TR_TYPE_COUNT]; /* optional: two weight rows at once */
+    /* optional (NULL: tr_f16_round_ref): y = x rounded to F16 and back, the F16 gemm's
+     * activation layout (tr_gemm_act_row) */
+    void (*f16_round)(float *y, const float *x, int64_t n);
 } tr_kernels;
 
 /* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */
@@ -200,6 +203,13 @@ void tr_swiglu_ref(float *g, const float *u, int64_t n);
 void tr_geglu_ref(float *g, const float *u, int64_t n, const uint16_t *table);
 /* GELU of x from the table, as tr_geglu_ref applies it */
 float tr_gelu_lookup(float x, const uint16_t *table);
+
+/* y[i] = tr_f16_to_f32(tr_f32_to_f16(x[i])) (every NaN: the reference's quiet NaN) */
+void tr_f16_round_ref(float *y, const float *x, int64_t n);
+/* tr_gemm_act_row with the family's kernels where they make it faster (k->f16_round): the same
+ * bytes */
+void tr_gemm_act_row_k(const tr_kernels *k, tr_type t, int64_t K, const float *x, const void *aq,
+                       void *out);
 
 /* k->attn_f16 where the family has one, else the reference */
 tr_attn_fn tr_attn_f16_of(const tr_kernels *k);

@@ -60,7 +60,7 @@ static void quantize_task(void *ctx, int ith, int nth) {
         for (int64_t m = b; m < e; m++) {
             char *aq = j->xq + (size_t)m * j->xq_row;
             if (!flt) q(j->x + m * K, aq, K);
-            tr_gemm_act_row(j->W->type, K, j->x + m * K, aq, j->ga + (size_t)m * j->ga_row);
+            tr_gemm_act_row_k(j->k, j->W->type, K, j->x + m * K, aq, j->ga + (size_t)m * j->ga_row);
         }
         return;
     }

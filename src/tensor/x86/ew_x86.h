@@ -72,5 +72,25 @@ static __attribute__((unused)) void av_geglu(float *g, const float *u, int64_t n
     }
 }
 
+/* y = x rounded to F16 and back (kernels.h f16_round): the F16C conversions round to nearest
+ * even like tr_f32_to_f16, subnormals included (MXCSR has no FTZ/DAZ set); only a NaN's payload
+ * can differ, so a vector holding a NaN is done by the reference */
+static __attribute__((unused)) void av_f16_round_row(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + AV_W <= n; i += AV_W) {
+        const av_f v = av_load(x + i);
+#if AV_W == 16
+        if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) {
+#else
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
+#endif
+            tr_f16_round_ref(y + i, x + i, AV_W);
+            continue;
+        }
+        av_store(y + i, av_f16_round(v));
+    }
+    tr_f16_round_ref(y + i, x + i, n - i);
+}
+
 #endif /* __x86_64__ */
 #endif

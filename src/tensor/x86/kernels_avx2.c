@@ -176,6 +176,7 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
     k->rmsnorm = av_rmsnorm;
     k->swiglu = av_swiglu;
     k->geglu = av_geglu;
+    k->f16_round = av_f16_round_row;
 }
 
 #else

@@ -623,6 +623,7 @@ void tr_kernels_fill_avx512(tr_kernels *k) {
     k->rmsnorm = av_rmsnorm;
     k->swiglu = av_swiglu;
     k->geglu = av_geglu;
+    k->f16_round = av_f16_round_row;
 }
 
 #else
