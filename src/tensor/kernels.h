@@ -174,6 +174,9 @@ typedef struct tr_kernels {
     void (*swiglu)(float *g, const float *u, int64_t n);
     void (*geglu)(float *g, const float *u, int64_t n, const uint16_t *table);
     tr_vec_dot_2r_fn vec_dot_2r[TR_TYPE_COUNT]; /* optional: two weight rows at once */
+    /* optional: the most columns vec_dot_nc[t] takes (0: TR_MAX_NC; at most TR_SIDE_MAX_NC),
+     * each column with the bits it gets alone */
+    int nc_max[TR_TYPE_COUNT];
 } tr_kernels;
 
 /* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */
