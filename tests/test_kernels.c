@@ -440,18 +440,30 @@ static void check_dots(const tr_kernels *ref, const tr_kernels *fast, int fam, i
                  tr_type_name(t), (long long)n, j, s, refv[j], tol);
     }
     if (fast->vec_dot_nc[t]) {
-        for (int nc = 1; nc <= TR_MAX_NC; nc++) {
+        /* a family that takes more columns (nc_max) promises each column the bits it gets
+         * alone */
+        const int max_nc = fast->nc_max[t] > 0 ? fast->nc_max[t] : TR_MAX_NC;
+        TU_CHECK(max_nc <= N_ACT, "%s %s nc_max %d", fast->isa, tr_type_name(t), max_nc);
+        float alone[N_ACT];
+        for (int j = 0; j < N_ACT; j++)
+            fast->vec_dot_nc[t](n, 1, &alone[j], 1, w, a + (size_t)j * astride, astride);
+        for (int nc = 1; nc <= max_nc && nc <= N_ACT; nc++) {
             const size_t ss = 3; /* output stride, as for M rows of a matmul */
-            float s[3 * TR_MAX_NC];
-            for (int i = 0; i < 3 * TR_MAX_NC; i++) s[i] = NAN;
+            float s[3 * N_ACT];
+            for (int i = 0; i < 3 * N_ACT; i++) s[i] = NAN;
             fast->vec_dot_nc[t](n, nc, s, ss, w, a, astride);
             for (int j = 0; j < nc; j++) {
                 const double tol = tolerance(t, n, mag[j], refv[j]);
                 TU_CHECK(within(st, s[j * ss], refv[j], tol, mag[j]),
                          "%s %s vec_dot_nc n=%lld nc=%d col %d: %.9g vs ref %.9g (tol %.3g)",
                          fast->isa, tr_type_name(t), (long long)n, nc, j, s[j * ss], refv[j], tol);
+                if (fast->nc_max[t] > 0)
+                    TU_CHECK(!memcmp(&s[j * ss], &alone[j], sizeof(float)),
+                             "%s %s vec_dot_nc n=%lld nc=%d col %d: %.9g, not its bits alone "
+                             "(%.9g)", fast->isa, tr_type_name(t), (long long)n, nc, j,
+                             s[j * ss], alone[j]);
             }
-            for (int i = 0; i < 3 * TR_MAX_NC; i++)
+            for (int i = 0; i < 3 * N_ACT; i++)
                 if (i % ss != 0 || i / ss >= (size_t)nc)
                     TU_CHECK(isnan(s[i]), "%s %s vec_dot_nc nc=%d wrote outside its outputs (%d)",
                              fast->isa, tr_type_name(t), nc, i);
@@ -903,7 +915,8 @@ static void check_quantizers(const tr_kernels *ref, const tr_kernels *fast, tu_r
             uint8_t *q0 = malloc(bytes), *q1 = malloc(bytes);
             /* magnitudes from f16-subnormal d to large, exact zeros, ties in |max|, and values
              * that land on .5 after scaling */
-            const int kind = rep % 6;
+            const bool flt = vt == TR_TYPE_F16 || vt == TR_TYPE_BF16;
+            const int kind = rep % (flt ? 7 : 6);
             const float scale = kind == 0 ? 1e-6f : kind == 1 ? 3e3f : 1.0f;
             for (int64_t i = 0; i < n; i++) x[i] = tu_normal(r) * scale;
             if (kind == 2) memset(x, 0, (size_t)(n < 300 ? n : 300) * sizeof(float));
@@ -916,6 +929,17 @@ static void check_quantizers(const tr_kernels *ref, const tr_kernels *fast, tu_r
                 for (int64_t b = 0; b + blck <= n; b += blck) {
                     x[b + 3] = 100.0f;
                     x[b + blck - 1] = -100.0f;
+                }
+            if (kind == 6) /* the float formats: NaNs with payloads, infinities, overflow,
+                            * f32 subnormals, F16 subnormal ties */
+                for (int64_t i = 0; i < n; i++) {
+                    static const uint32_t bits[] = {0x7FC00000u, 0xFFC00001u, 0x7F800001u,
+                                                    0x7FBFFFFFu, 0x7F800000u, 0xFF800000u,
+                                                    0x477FF000u, 0x477FEFFFu, 0x49742400u,
+                                                    0x00000001u, 0x807FFFFFu, 0x33000000u,
+                                                    0x33C00000u, 0xB3A00000u, 0x38800000u};
+                    const uint32_t b = bits[tu_next(r) % (sizeof bits / sizeof bits[0])];
+                    if (tu_next(r) % 3) memcpy(&x[i], &b, 4);
                 }
             ref->from_float[vt](x, q0, n);
             fast->from_float[vt](x, q1, n);

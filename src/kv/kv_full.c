@@ -66,10 +66,17 @@ static tr_status full_append(tr_kv *kv, int32_t layer, const float *k, const flo
                        kv->shape.n_ctx);
     const int64_t nk = (int64_t)F->n_head_kv[layer] * kv->shape.head_dim_k;
     const int64_t nv = (int64_t)F->n_head_kv[layer] * kv->shape.head_dim_v;
-    uint16_t *K = layer_k(kv, layer) + (size_t)pos * (size_t)nk;
-    for (int64_t i = 0; i < nk; i++) K[i] = tr_f32_to_f16(k[i]);
+    /* the family's F16 conversion (the reference's bits) */
+    const tr_from_float_fn to16 = kv->kern->from_float[TR_TYPE_F16];
+    to16(k, layer_k(kv, layer) + (size_t)pos * (size_t)nk, nk);
     uint16_t *VT = layer_vt(kv, layer);
-    for (int64_t i = 0; i < nv; i++) VT[(size_t)i * (size_t)kv->shape.n_ctx + (size_t)pos] = tr_f32_to_f16(v[i]);
+    uint16_t v16[256];
+    for (int64_t i0 = 0; i0 < nv; i0 += 256) {
+        const int64_t m = nv - i0 < 256 ? nv - i0 : 256;
+        to16(v + i0, v16, m);
+        for (int64_t i = 0; i < m; i++)
+            VT[(size_t)(i0 + i) * (size_t)kv->shape.n_ctx + (size_t)pos] = v16[i];
+    }
     F->len[layer] = pos + 1;
     return TR_OK;
 }

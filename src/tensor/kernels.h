@@ -177,6 +177,9 @@ typedef struct tr_kernels {
     /* optional (NULL: tr_f16_round_ref): y = x rounded to F16 and back, the F16 gemm's
      * activation layout (tr_gemm_act_row) */
     void (*f16_round)(float *y, const float *x, int64_t n);
+    /* optional: the most columns vec_dot_nc[t] takes (0: TR_MAX_NC; at most TR_SIDE_MAX_NC),
+     * each column with the bits it gets alone */
+    int nc_max[TR_TYPE_COUNT];
 } tr_kernels;
 
 /* k->dot_rows[t] where the family has one, else a loop over k->vec_dot[t] */

@@ -131,7 +131,9 @@ static void dot_task(void *ctx, int ith, int nth) {
     while (claim_rows(j, N, nth, &b, &e)) {
         for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
             const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
-            const int max_nc = dot_side ? TR_SIDE_MAX_NC : TR_MAX_NC;
+            const int max_nc = dot_side                   ? TR_SIDE_MAX_NC
+                               : j->k->nc_max[W->type] > 0 ? j->k->nc_max[W->type]
+                                                           : TR_MAX_NC;
             for (int64_t m = 0; m < j->M; m += max_nc) {
                 const int nc = j->M - m < max_nc ? (int)(j->M - m) : max_nc;
                 const char *xq = j->xq + (size_t)m * j->xq_row;

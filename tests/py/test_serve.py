@@ -195,6 +195,11 @@ try:
     t = threading.Thread(target=long_stream)
     t.start()
     started.wait(120)
+    # a prompt of one chunk gets a step of its own: its first token waits for no decode row
+    sp = client.completions.create(model=mid, prompt="The sky is", temperature=0, max_tokens=1)
+    stm = (sp.model_extra or {}).get("timings") or {}
+    check(stm.get("prompt_steps") == 1 and stm.get("prompt_beside_tokens") == 0,
+          f"a one-chunk prompt beside a generating stream: timings {stm}")
     long_prompt = " ".join(f"word{i}" for i in range(110))  # ~380 tokens: 3 chunks of 128
     n0 = counts["n"]
     lp = client.completions.create(model=mid, prompt=long_prompt, temperature=0, max_tokens=1)

@@ -52,6 +52,24 @@ static void avx2_quant_q8_0(const float *restrict x, void *restrict vy, int64_t 
     }
 }
 
+/* F32 -> F16 as tr_f32_to_f16 gives it: F16C rounds to nearest even (subnormals, overflow to
+ * infinity alike); a NaN becomes the reference's sign | 0x7E00 (F16C keeps part of its payload) */
+static void avx2_quant_f16(const float *restrict x, void *restrict vy, int64_t n) {
+    uint16_t *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        const __m128i nan16 =
+            _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+        const __m128i canon =
+            _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7E00));
+        _mm_storeu_si128((__m128i *)(y + i), _mm_blendv_epi8(h, canon, nan16));
+    }
+    for (; i < n; i++) y[i] = tr_f32_to_f16(x[i]);
+}
+
 /* Same arithmetic as tr_quant_q8_1: d = amax/127, id = 1/d (not 127/amax as for Q8_0), codes
  * x·id rounded to nearest even, s = d·Σcodes rounded to F16 by the scalar routine. */
 static void avx2_quant_q8_1(const float *restrict x, void *restrict vy, int64_t n) {
@@ -170,6 +188,7 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
     k->from_float[TR_TYPE_Q8_0] = avx2_quant_q8_0;
     k->from_float[TR_TYPE_Q8_1] = avx2_quant_q8_1;
     k->from_float[TR_TYPE_Q8_K] = avx2_quant_q8_k;
+    k->from_float[TR_TYPE_F16] = avx2_quant_f16;
     k->axpy_f16 = ymm_axpy_f16;
     gm_fill(k);
     k->attn_f16 = av_attn_f16;

@@ -143,10 +143,10 @@ TR_ALWAYS_INLINE void zmm_k45_impl(const bool five, int64_t n, const int nc, flo
     const __m256i mn_ctrl =
         _mm256_setr_epi8(4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1, 12, -1, 12, -1, 13,
                          -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
-    const tr_blk_q8_k *a[TR_MAX_NC];
-    __m512 acc[TR_MAX_NC];
-    __m256 accm[TR_MAX_NC];
-#pragma GCC unroll 4
+    const tr_blk_q8_k *a[TR_SIDE_MAX_NC];
+    __m512 acc[TR_SIDE_MAX_NC];
+    __m256 accm[TR_SIDE_MAX_NC];
+#pragma GCC unroll 8
     for (int j = 0; j < nc; j++) {
         a[j] = (const tr_blk_q8_k *)((const char *)va + (size_t)j * a_stride);
         acc[j] = _mm512_setzero_ps();
@@ -184,7 +184,7 @@ TR_ALWAYS_INLINE void zmm_k45_impl(const bool five, int64_t n, const int nc, flo
         }
         /* d and dmin in one conversion (4 bytes read as f16 pairs, upper lanes zero) */
         const __m128 dm = _mm_cvtph_ps(_mm_loadu_si32(blk));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nc; j++) {
             const tr_blk_q8_k *y = &a[j][b];
             /* the two scale products go through memory so the FMAs below take them as
@@ -205,7 +205,7 @@ TR_ALWAYS_INLINE void zmm_k45_impl(const bool five, int64_t n, const int nc, flo
                 _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[1]), _mm256_cvtepi32_ps(msum), accm[j]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < nc; j++) s[(size_t)j * s_stride] = hsum_ps512(acc[j]) - hsum_ps256(accm[j]);
 }
 
@@ -233,9 +233,9 @@ TR_ALWAYS_INLINE void zmm_q6_k_impl(int64_t n, const int nc, float *restrict s, 
     const tr_blk_q6_k *w = vw;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33);
     const __mmask32 upper = 0xFFFF0000u;
-    const tr_blk_q8_k *a[TR_MAX_NC];
-    __m512 acc[TR_MAX_NC];
-#pragma GCC unroll 4
+    const tr_blk_q8_k *a[TR_SIDE_MAX_NC];
+    __m512 acc[TR_SIDE_MAX_NC];
+#pragma GCC unroll 8
     for (int j = 0; j < nc; j++) {
         a[j] = (const tr_blk_q8_k *)((const char *)va + (size_t)j * a_stride);
         acc[j] = _mm512_setzero_ps();
@@ -273,7 +273,7 @@ TR_ALWAYS_INLINE void zmm_q6_k_impl(int64_t n, const int nc, float *restrict s, 
         }
         /* d is the last half of the block: read it with the two scale bytes before it */
         const __m128 dw = _mm_cvtph_ps(_mm_loadu_si32(x->scales + 14)); /* lane 1 = d */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nc; j++) {
             const tr_blk_q8_k *y = &a[j][b];
             __m512i isum = _mm512_setzero_si512();
@@ -290,16 +290,40 @@ TR_ALWAYS_INLINE void zmm_q6_k_impl(int64_t n, const int nc, float *restrict s, 
             acc[j] = _mm512_fmadd_ps(bcast_mem_ps512(&sd[1]), _mm512_cvtepi32_ps(isum), acc[j]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < nc; j++) s[(size_t)j * s_stride] = hsum_ps512(acc[j]);
 }
 
 TR_X86_DOT_ENTRIES(zmm_dot_f32, zmm_f32_impl)
 TR_X86_DOT_ENTRIES(zmm_dot_f16, zmm_f16_impl)
 TR_X86_DOT_ENTRIES(zmm_dot_bf16, zmm_bf16_impl)
-TR_X86_DOT_ENTRIES(zmm_dot_q4_k, zmm_q4_k_impl)
-TR_X86_DOT_ENTRIES(zmm_dot_q5_k, zmm_q5_k_impl)
-TR_X86_DOT_ENTRIES(zmm_dot_q6_k, zmm_q6_k_impl)
+/* the K-quant kernels take up to TR_SIDE_MAX_NC columns (nc_max): a super-block's unpacking is
+ * shared by every decode row of a batch; each column's sums are its own, in one order for any nc */
+#define ZMM_NC_CASE(impl, k)                                                                       \
+    case k: impl(n, k, s, s_stride, w, a, a_stride); break;
+#define ZMM_DOT_ENTRIES8(name, impl)                                                               \
+    static void name(int64_t n, float *restrict s, const void *restrict w,                         \
+                     const void *restrict a) {                                                     \
+        impl(n, 1, s, 0, w, a, 0);                                                                 \
+    }                                                                                              \
+    static void name##_nc(int64_t n, int nc, float *restrict s, size_t s_stride,                   \
+                          const void *restrict w, const void *restrict a, size_t a_stride) {       \
+        switch (nc) {                                                                              \
+            ZMM_NC_CASE(impl, 1)                                                                   \
+            ZMM_NC_CASE(impl, 2)                                                                   \
+            ZMM_NC_CASE(impl, 3)                                                                   \
+            ZMM_NC_CASE(impl, 4)                                                                   \
+            ZMM_NC_CASE(impl, 5)                                                                   \
+            ZMM_NC_CASE(impl, 6)                                                                   \
+            ZMM_NC_CASE(impl, 7)                                                                   \
+        default: ZMM_NC_CASE(impl, 8)                                                              \
+        }                                                                                          \
+    }
+ZMM_DOT_ENTRIES8(zmm_dot_q4_k, zmm_q4_k_impl)
+ZMM_DOT_ENTRIES8(zmm_dot_q5_k, zmm_q5_k_impl)
+ZMM_DOT_ENTRIES8(zmm_dot_q6_k, zmm_q6_k_impl)
+#undef ZMM_DOT_ENTRIES8
+#undef ZMM_NC_CASE
 
 /* ---------------------------------------------------------------------------------------------- */
 /* dot_rows: one Q8_0 query row against many Q4_0 / Q8_0 key rows (KV scoring, kernels.h)         */
@@ -581,6 +605,7 @@ void tr_kernels_fill_avx512(tr_kernels *k) {
     SET(Q4_K, zmm_dot_q4_k);
     SET(Q5_K, zmm_dot_q5_k);
     SET(Q6_K, zmm_dot_q6_k);
+    k->nc_max[TR_TYPE_Q4_K] = k->nc_max[TR_TYPE_Q5_K] = k->nc_max[TR_TYPE_Q6_K] = TR_SIDE_MAX_NC;
     /* the 256-bit kernels compiled here use VNNI */
     SET(Q4_0, ymm_dot_q4_0);
     SET(Q4_1, ymm_dot_q4_1);
