@@ -923,9 +923,12 @@ void tr_expert_cache_observe(tr_expert_cache *c, int32_t layer, const int32_t *e
     pthread_mutex_unlock(&c->mu);
 }
 
-void tr_expert_cache_prefetch(tr_expert_cache *c, int32_t layer, const int32_t *experts,
-                              int32_t n) {
-    if (layer < 0 || layer >= c->n_layer || !c->layers[layer].n_parts) return;
+uint64_t tr_expert_cache_prefetch_some(tr_expert_cache *c, int32_t layer, const int32_t *experts,
+                                       int32_t n, uint64_t read) {
+    if (layer < 0 || layer >= c->n_layer || !c->layers[layer].n_parts) return 0;
+    if (n > 64) n = 64;
+    uint64_t absent = 0;
+    bool room = true;
     tr_io_job *first = NULL, *last = NULL;
     pthread_mutex_lock(&c->mu);
     for (int32_t i = 0; i < n; i++) {
@@ -933,16 +936,28 @@ void tr_expert_cache_prefetch(tr_expert_cache *c, int32_t layer, const int32_t *
         const int32_t key = layer * c->n_expert + experts[i];
         centry *e = entry_of(c, key);
         if (e->slot >= 0) continue;
+        absent |= (uint64_t)1 << i;
+        if (!room || !(read >> i & 1)) continue;
         /* admitted without a lookup: a prefetch is not an access; the demand acquire that uses
          * it tells the policy */
         const int32_t s = slot_find(c, key);
-        if (s < 0) break; /* everything pinned or loading: no room without waiting */
+        if (s < 0) { /* everything pinned or loading: no room without waiting */
+            room = false;
+            continue;
+        }
         slot_load(c, s, key, &first, &last);
         e->prefetched = 1;
         c->st.prefetch_issued++;
     }
     pthread_mutex_unlock(&c->mu);
     tr_io_pool_submit(c->io, first, last);
+    return absent;
+}
+
+void tr_expert_cache_prefetch(tr_expert_cache *c, int32_t layer, const int32_t *experts,
+                              int32_t n) {
+    for (int32_t i0 = 0; i0 < n; i0 += 64)
+        tr_expert_cache_prefetch_some(c, layer, experts + i0, n - i0, ~(uint64_t)0);
 }
 
 void tr_expert_cache_protect(tr_expert_cache *c, int32_t layer, const int32_t *experts, int32_t n) {

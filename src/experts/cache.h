@@ -116,6 +116,12 @@ void tr_expert_cache_observe(tr_expert_cache *c, int32_t layer, const int32_t *e
  * policy admits them without counting an access (the acquire that uses one does). */
 void tr_expert_cache_prefetch(tr_expert_cache *c, int32_t layer, const int32_t *experts, int32_t n);
 
+/* The same for the experts of the first min(n, 64) whose bit is set in `read`; returns the mask
+ * of those (any bit) that were absent (neither resident nor loading) when asked, so a caller can
+ * learn how often an absent prediction is then used without reading it. */
+uint64_t tr_expert_cache_prefetch_some(tr_expert_cache *c, int32_t layer, const int32_t *experts,
+                                       int32_t n, uint64_t read);
+
 /* Router lookahead: keeps these resident experts of `layer` (the ones the next layer is predicted
  * to use) from being evicted until the next layer step begins (the next observe or acquire of
  * another layer), unless nothing else can make room; reads nothing. Never blocks. */

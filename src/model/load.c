@@ -848,7 +848,10 @@ tr_status tr_model_load(const char *path, const tr_model_params *params, tr_mode
     if (m->experts && p.expert_prefetch == TR_EXPERT_PREFETCH_AUTO) {
         tr_expert_stats es;
         tr_expert_cache_stats(m->experts, &es);
-        if (es.budget_bytes < m->expert_total_bytes) m->expert_prefetch = m->hp.n_expert_used;
+        if (es.budget_bytes < m->expert_total_bytes) {
+            m->expert_prefetch = m->hp.n_expert_used;
+            m->prefetch_auto = true;
+        }
     }
     /* the memory budget the expert cache and --kv-policy auto share: tr_expert_plan's cap, from
      * the reading the cache's automatic budget was planned with, else from one taken now */

@@ -120,6 +120,11 @@ struct tr_model {
     bool expert_lookahead;        /* protect the next layer's predicted experts from eviction */
     int32_t pred_layer, pred_n;   /* the last prediction, checked when that layer routes */
     int32_t pred[256];
+    /* read-ahead under auto: only the prediction ranks whose absent experts the router went on to
+     * choose at least as often as not, measured online (decayed counts per rank of the list) */
+    bool prefetch_auto;
+    uint64_t pred_absent; /* which of pred[0..63] were absent when predicted */
+    float rank_absent[64], rank_used[64];
     uint64_t prefetch_predicted, prefetch_correct;
     uint64_t dense_bytes, expert_total_bytes;
     uint64_t mem_cap;       /* the memory budget: --mem-budget, else auto (mem_source says which) */

@@ -187,8 +187,36 @@ static void predict_next(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows) {
     m->pred_n = n;
     if (m->expert_lookahead) tr_expert_cache_protect(m->experts, ln, m->pred, n);
     /* the first experts of the list are the router's most likely (one row: its top-k order) */
-    if (m->expert_prefetch > 0)
-        tr_expert_cache_prefetch(m->experts, ln, m->pred, n < m->expert_prefetch ? n : m->expert_prefetch);
+    if (m->expert_prefetch <= 0) return;
+    const int32_t np = n < m->expert_prefetch ? n : m->expert_prefetch;
+    if (!m->prefetch_auto) {
+        tr_expert_cache_prefetch(m->experts, ln, m->pred, np);
+        return;
+    }
+    /* auto: read an absent prediction ahead when absent predictions of its rank were used at
+     * least half the time (Laplace estimate, so a rank starts at one half, read): a read that is
+     * used hides one demand read, one that is not costs one read of disk time and one eviction */
+    uint64_t read = 0;
+    for (int32_t j = 0; j < np && j < 64; j++)
+        if (2.0f * (m->rank_used[j] + 1.0f) >= m->rank_absent[j] + 2.0f) read |= (uint64_t)1 << j;
+    m->pred_absent = tr_expert_cache_prefetch_some(m->experts, ln, m->pred, np, read);
+}
+
+/* the outcome of the read-ahead decision for layer l's prediction: was each absent prediction
+ * chosen by some row? Counts decay (halved at 32) so the rate follows the routing as it shifts */
+static void score_absent(tr_model *m, const int32_t *sel, int32_t n_sel) {
+    for (uint64_t b = m->pred_absent; b; b &= b - 1) {
+        const int j = __builtin_ctzll(b);
+        bool used = false;
+        for (int32_t i = 0; i < n_sel && !used; i++) used = sel[i] == m->pred[j];
+        if (m->rank_absent[j] >= 32.0f) {
+            m->rank_absent[j] *= 0.5f;
+            m->rank_used[j] *= 0.5f;
+        }
+        m->rank_absent[j] += 1.0f;
+        m->rank_used[j] += used ? 1.0f : 0.0f;
+    }
+    m->pred_absent = 0;
 }
 
 tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float *out,
@@ -223,6 +251,7 @@ tr_status tr_moe_ffn(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows, float
                     break;
                 }
         m->prefetch_predicted += (uint64_t)rows * (uint64_t)K;
+        if (m->prefetch_auto) score_absent(m, sc->moe_sel, rows * K);
         m->pred_n = 0;
     }
 
