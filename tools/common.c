@@ -64,7 +64,7 @@ static const flag k_flags[] = {
     {"--expert-cache", F_ECACHE, true, "SIZE|auto|min  MoE: expert cache budget (e.g. 2G)"},
     {"--mem-budget", F_MEMBUDGET, true, "SIZE  the memory budget: weights, expert cache, KV, scratch (auto: cgroup limit or MemAvailable); run --dry-run prints the plan"},
     {"--expert-policy", F_EPOLICY, true, "NAME  MoE: eviction policy (auto, lru, lfu, ...)"},
-    {"--expert-prefetch", F_EPREFETCH, true, "N|auto MoE: read N predicted experts of the next layer ahead (auto: the top-k ranks whose misses were used, if experts spill)"},
+    {"--expert-prefetch", F_EPREFETCH, true, "N|auto MoE: read N predicted experts of the next layer ahead (auto: top-k ranks that paid off, if experts spill)"},
     {"--expert-lookahead", F_ELOOKAHEAD, true, "on|off MoE: keep the next layer's predicted experts from eviction"},
     {"--io-threads", F_IOTHREADS, true, "N   MoE: expert I/O workers (default 4)"},
     {"--route-trace", F_ROUTETRACE, true, "FILE MoE: write the routing trace (CSV)"},
