@@ -191,7 +191,7 @@ static void hfix(const hview *v, uint32_t id) {
 
 static hview item_heap(tr_policy *p, int32_t l) {
     return (hview){p->heap + (size_t)l * (size_t)p->n_expert, &p->heap_n[l], p->pos,
-                   (const char *)&p->it[0].pa, (const char *)&p->it[0].pb, sizeof *p->it};
+                   (const char *)&p->key[0].pa, (const char *)&p->key[0].pb, sizeof *p->key};
 }
 
 static hview layer_heap(tr_policy *p) {
@@ -209,8 +209,8 @@ static void layer_sync(tr_policy *p, int32_t l) {
     }
     uint32_t top = p->heap[(size_t)l * (size_t)p->n_expert];
     double offset = is_lrfu(p) ? (double)p->visits[l] * p->log_decay : 0.0;
-    p->la[l] = p->it[top].pa + offset;
-    p->lb[l] = p->it[top].pb;
+    p->la[l] = p->key[top].pa + offset;
+    p->lb[l] = p->key[top].pb;
     if (p->lpos[l] == NOT_IN_HEAP)
         hpush(&lh, (uint32_t)l);
     else
@@ -236,7 +236,7 @@ static void evictable_add(tr_policy *p, uint32_t k) {
         p->ev[i] = k;
         p->ev_stamp[i] = p->it[k].stamp;
         p->ev_freq[i] = p->it[k].freq;
-        p->ev_pa[i] = p->it[k].pa;
+        p->ev_pa[i] = p->key[k].pa;
         p->ev_layer[i] = layer_of(p, k);
     }
 }
@@ -268,11 +268,11 @@ static size_t next_use(const tr_policy *p, uint32_t k) {
 static void rekey(tr_policy *p, uint32_t k) {
     if (!uses_heaps(p)) return;
     switch (p->kind) {
-    case TR_POLICY_LRU: p->it[k].pa = 0; break;
-    case TR_POLICY_LFU: p->it[k].pa = (double)p->it[k].freq; break;
+    case TR_POLICY_LRU: p->key[k].pa = 0; break;
+    case TR_POLICY_LFU: p->key[k].pa = (double)p->it[k].freq; break;
     case TR_POLICY_BELADY: {
         size_t nu = next_use(p, k);
-        p->it[k].pa = nu == SIZE_MAX ? -HUGE_VAL : -(double)nu;
+        p->key[k].pa = nu == SIZE_MAX ? -HUGE_VAL : -(double)nu;
         break;
     }
     default: break; /* lrfu: pa is maintained by the access itself */
@@ -282,7 +282,7 @@ static void rekey(tr_policy *p, uint32_t k) {
      * layer the token has just left, so its next chance is the farthest away. Evicting it keeps
      * a stable subset resident under a pure layer cycle, where breaking ties by age would
      * rotate everything out just before use (the LRU cliff again). */
-    p->it[k].pb = is_lrfu(p) ? UINT64_MAX - p->it[k].stamp : p->it[k].stamp;
+    p->key[k].pb = is_lrfu(p) ? UINT64_MAX - p->it[k].stamp : p->it[k].stamp;
     if (p->pos[k] != NOT_IN_HEAP) {
         int32_t l = layer_of(p, k);
         hview v = item_heap(p, l);
@@ -368,6 +368,7 @@ static void evict(tr_policy *p, uint32_t k) {
 void tr_policy_free(tr_policy *p) {
     if (!p) return;
     free(p->it);
+    free(p->key);
     free(p->visits);
     free(p->layer_used);
     free(p->share);
@@ -437,7 +438,7 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
     const size_t nk = p->n_keys, nl = (size_t)p->n_layer;
     p->it = aligned_alloc(64, (nk ? nk : 1) * sizeof *p->it);
     if (p->it) memset(p->it, 0, (nk ? nk : 1) * sizeof *p->it);
-    bool ok = p->it && ALLOC(p->visits, nl) && ALLOC(p->layer_used, nl) &&
+    bool ok = p->it && ALLOC(p->key, nk) && ALLOC(p->visits, nl) && ALLOC(p->layer_used, nl) &&
               ALLOC(p->share, nl) && ALLOC(p->heap, nk) && ALLOC(p->heap_n, nl) &&
               ALLOC(p->pos, nk) && ALLOC(p->lheap, nl) && ALLOC(p->lpos, nl) && ALLOC(p->la, nl) &&
               ALLOC(p->lb, nl) && ALLOC(p->victims, nk) && ALLOC(p->prot, nk) &&
@@ -454,7 +455,7 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
     }
     for (size_t k = 0; k < nk; k++) {
         p->pos[k] = NOT_IN_HEAP;
-        p->it[k].pa = -HUGE_VAL; /* lrfu: never accessed, f = 0 */
+        p->key[k].pa = -HUGE_VAL; /* lrfu: never accessed, f = 0 */
         p->it[k].pend_at = UINT64_MAX;
         p->it[k].ev_pos = NOT_IN_HEAP;
     }
@@ -603,9 +604,9 @@ tr_status tr_policy_lookup(tr_policy *p, int32_t layer, int32_t expert, bool *hi
         double inc = p->it[k].pend_at == now && p->it[k].pend_w > 0 ? p->it[k].pend_w : 1.0;
         p->it[k].pend_at = UINT64_MAX; /* consumed: a second lookup this visit counts 1 */
         /* decayed value now, plus this access; K = log f - now log(decay) */
-        double logf = p->it[k].pa + (double)now * p->log_decay;
+        double logf = p->key[k].pa + (double)now * p->log_decay;
         double f = exp(logf) + inc;
-        p->it[k].pa = log(f) - (double)now * p->log_decay;
+        p->key[k].pa = log(f) - (double)now * p->log_decay;
     }
     rekey(p, k);
     if (p->duel) tr_duel_access(p->duel, layer, expert);
@@ -613,7 +614,7 @@ tr_status tr_policy_lookup(tr_policy *p, int32_t layer, int32_t expert, bool *hi
     if (ei != NOT_IN_HEAP) { /* looked up while evictable (a replay pins after the lookup) */
         p->ev_stamp[ei] = p->it[k].stamp;
         p->ev_freq[ei] = p->it[k].freq;
-        p->ev_pa[ei] = p->it[k].pa;
+        p->ev_pa[ei] = p->key[k].pa;
         p->cand_valid = false;
     }
     return TR_OK;
@@ -758,6 +759,24 @@ tr_status tr_policy_protect(tr_policy *p, int32_t layer, const int32_t *experts,
         p->prot_list[p->n_prot++] = k;
     }
     return TR_OK;
+}
+
+void tr_policy_prefetch(const tr_policy *p, int32_t layer, const int32_t *experts, int32_t n) {
+    if (layer < 0 || layer >= p->n_layer) return;
+    const size_t base = (size_t)layer * (size_t)p->n_expert;
+    for (int32_t i = 0; i < n; i++) {
+        if (experts[i] < 0 || experts[i] >= p->n_expert) continue;
+        const size_t k = base + (size_t)experts[i];
+        __builtin_prefetch(&p->it[k], 1);
+        __builtin_prefetch(&p->key[k], 1);
+        if (uses_heaps(p)) __builtin_prefetch(&p->pos[k], 1);
+    }
+    if (!uses_heaps(p)) return;
+    /* a sift compares keys of this layer along its heap: both, whole (64-byte lines) */
+    const char *h0 = (const char *)(p->heap + base), *k0 = (const char *)(p->key + base);
+    const size_t hb = (size_t)p->n_expert * sizeof *p->heap, kb = (size_t)p->n_expert * sizeof *p->key;
+    for (size_t o = 0; o < hb; o += 64) __builtin_prefetch(h0 + o, 1);
+    for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k0 + o, 1);
 }
 
 uint64_t tr_policy_resident_bytes(const tr_policy *p, int32_t layer, int32_t expert) {

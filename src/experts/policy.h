@@ -182,6 +182,10 @@ tr_status tr_policy_protect(tr_policy *p, int32_t layer, const int32_t *experts,
 
 /* 0 when not resident */
 uint64_t tr_policy_resident_bytes(const tr_policy *p, int32_t layer, int32_t expert);
+/* A hint, changes nothing: starts loading what lookups, pins and unpins of these experts of
+ * `layer` will touch (their items and heap keys, the layer's heap), so that the cache misses of
+ * a step's calls overlap instead of following one another. */
+void tr_policy_prefetch(const tr_policy *p, int32_t layer, const int32_t *experts, int32_t n);
 
 typedef struct tr_policy_stats {
     uint64_t lookups, hits;

@@ -13,17 +13,23 @@
 #define TR_POLICY_CAND_KEY_BYTES 24
 
 typedef struct tr_policy_item {
-    uint64_t bytes;   /* resident size; 0 = not resident */
+    _Alignas(64) uint64_t bytes; /* resident size; 0 = not resident */
     uint64_t stamp;   /* clock of the last access */
     uint64_t freq;    /* accesses (lfu) */
-    double pa;        /* priority, see the top of policy.c; lrfu value key for knn/adaptive */
-    uint64_t pb;
     double pend_w;    /* lrfu: router increment announced by route() for visit pend_at */
     uint64_t pend_at;
     uint32_t pins;
     uint32_t ev_pos; /* random, knn, adaptive: index in ev, NOT_IN_HEAP when absent */
 } tr_policy_item;
 _Static_assert(sizeof(tr_policy_item) == 64, "one cache line per key");
+
+/* A key's heap order: priority pa (see the top of policy.c; the lrfu value for knn/adaptive),
+ * ties by pb. Apart from the items, 16 bytes a key: a heap sift compares keys of one layer,
+ * which then sit in a few cache lines instead of one line per compared item. */
+typedef struct tr_policy_hkey {
+    double pa;
+    uint64_t pb;
+} tr_policy_hkey;
 
 struct tr_policy {
     tr_policy_kind kind;
@@ -36,6 +42,7 @@ struct tr_policy {
      * cache line per key (the expert cache calls the policy between layers whose compute has
      * evicted its tables from the CPU caches: one line per key instead of one per field) */
     tr_policy_item *it;
+    tr_policy_hkey *key; /* [n_keys] */
     uint8_t *prot;  /* protected (tr_policy_protect): resident, unpinned, out of the evictable set */
 
     /* per layer */
@@ -94,7 +101,7 @@ struct tr_policy {
 /* The decayed, router-weighted count of key k on its layer's visit clock, as a log (-inf: never
  * used): the LRFU value that lrfu, layered, knn and adaptive keep for every key. */
 static inline double tr_policy_lrfu_value(const tr_policy *p, uint32_t k) {
-    return p->it[k].pa + (double)p->visits[k / (uint32_t)p->n_expert] * p->log_decay;
+    return p->key[k].pa + (double)p->visits[k / (uint32_t)p->n_expert] * p->log_decay;
 }
 
 #endif
