@@ -356,12 +356,13 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t on
     const uint64_t *st = p->ev_stamp, *fr = p->ev_freq;
     const double *pa = p->ev_pa;
     const int32_t *ly = p->ev_layer;
+    const uint8_t *pin = p->ev_pin;
 #define SKIP_ABOVE(a_, b_) \
     (n == cap && ((a_) > ck[n - 1].a || ((a_) == ck[n - 1].a && (b_) > ck[n - 1].b)))
     switch (rule) {
     case R_LRU:
         for (uint32_t i = 0; i < ne; i++) {
-            if (only >= 0 && ly[i] != only) continue;
+            if (pin[i] || (only >= 0 && ly[i] != only)) continue;
             const double a = (double)st[i];
             if (SKIP_ABOVE(a, 0.0)) continue;
             cand_insert(p, ck, &n, cap, ev[i], (rkey){a, 0, 0});
@@ -369,7 +370,7 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t on
         break;
     case R_LFU:
         for (uint32_t i = 0; i < ne; i++) {
-            if (only >= 0 && ly[i] != only) continue;
+            if (pin[i] || (only >= 0 && ly[i] != only)) continue;
             const double a = (double)fr[i], b = (double)st[i];
             if (SKIP_ABOVE(a, b)) continue;
             cand_insert(p, ck, &n, cap, ev[i], (rkey){a, b, 0});
@@ -378,7 +379,7 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t on
     /* layered's order; equal values: the most recent goes (see rekey in policy.c) */
     case R_LAYERED:
         for (uint32_t i = 0; i < ne; i++) {
-            if (only >= 0 && ly[i] != only) continue;
+            if (pin[i] || (only >= 0 && ly[i] != only)) continue;
             const double a = pa[i] + off[ly[i]];
             if (SKIP_ABOVE(a, 0.0)) continue;
             cand_insert(p, ck, &n, cap, ev[i], (rkey){a, 0, UINT64_MAX - st[i]});
@@ -386,7 +387,7 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t on
         break;
     default:
         for (uint32_t i = 0; i < ne; i++) {
-            if (only >= 0 && ly[i] != only) continue;
+            if (pin[i] || (only >= 0 && ly[i] != only)) continue;
             const double a = (double)acc[ev[i]], b = pa[i] + off[ly[i]];
             if (SKIP_ABOVE(a, b)) continue;
             cand_insert(p, ck, &n, cap, ev[i], (rkey){a, b, UINT64_MAX - st[i]});
@@ -415,7 +416,8 @@ uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
         if (!p->cand_valid || p->cand_rule != rule) fill_candidates(p, rule, acc, -1);
         while (p->cand_i < p->cand_n) {
             const uint32_t k = p->cand[p->cand_i++];
-            if (p->it[k].ev_pos != NOT_IN_HEAP) return k;
+            const uint32_t e = p->it[k].ev_pos;
+            if (e != NOT_IN_HEAP && !p->ev_pin[e]) return k;
         }
         p->cand_valid = false; /* used up: scan again */
     }

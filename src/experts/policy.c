@@ -238,6 +238,7 @@ static void evictable_add(tr_policy *p, uint32_t k) {
         p->ev_freq[i] = p->it[k].freq;
         p->ev_pa[i] = p->key[k].pa;
         p->ev_layer[i] = layer_of(p, k);
+        p->ev_pin[i] = 0;
     }
 }
 
@@ -254,6 +255,7 @@ static void evictable_del(tr_policy *p, uint32_t k) {
         p->ev_freq[i] = p->ev_freq[n];
         p->ev_pa[i] = p->ev_pa[n];
         p->ev_layer[i] = p->ev_layer[n];
+        p->ev_pin[i] = p->ev_pin[n];
         p->it[last].ev_pos = i;
         p->it[k].ev_pos = NOT_IN_HEAP;
     }
@@ -384,6 +386,7 @@ void tr_policy_free(tr_policy *p) {
     free(p->ev_freq);
     free(p->ev_pa);
     free(p->ev_layer);
+    free(p->ev_pin);
     free(p->future);
     free(p->occ_off);
     free(p->occ_pos);
@@ -445,7 +448,7 @@ tr_status tr_policy_create(const tr_policy_params *pp, tr_policy **out, tr_error
               ALLOC(p->prot_list, (size_t)p->n_expert) && ALLOC(p->layer_bytes, nl);
     if (ok && !uses_heaps(p))
         ok = ALLOC(p->ev, nk) && ALLOC(p->ev_stamp, nk) && ALLOC(p->ev_freq, nk) &&
-             ALLOC(p->ev_pa, nk) && ALLOC(p->ev_layer, nk);
+             ALLOC(p->ev_pa, nk) && ALLOC(p->ev_layer, nk) && ALLOC(p->ev_pin, nk);
     if (ok && p->kind == TR_POLICY_BELADY)
         ok = ALLOC(p->future, pp->n_future) && ALLOC(p->occ_off, nk + 1) &&
              ALLOC(p->occ_pos, pp->n_future) && ALLOC(p->occ_ptr, nk);
@@ -611,11 +614,13 @@ tr_status tr_policy_lookup(tr_policy *p, int32_t layer, int32_t expert, bool *hi
     rekey(p, k);
     if (p->duel) tr_duel_access(p->duel, layer, expert);
     const uint32_t ei = p->it[k].ev_pos;
-    if (ei != NOT_IN_HEAP) { /* looked up while evictable (a replay pins after the lookup) */
+    /* in ev: looked up while evictable (a replay pins after the lookup), or pinned (knn,
+     * adaptive), which no scan takes before its unpin invalidates the scan anyway */
+    if (ei != NOT_IN_HEAP) {
         p->ev_stamp[ei] = p->it[k].stamp;
         p->ev_freq[ei] = p->it[k].freq;
         p->ev_pa[ei] = p->key[k].pa;
-        p->cand_valid = false;
+        if (!(is_adaptive(p) && p->ev_pin[ei])) p->cand_valid = false;
     }
     return TR_OK;
 }
@@ -696,6 +701,8 @@ tr_status tr_policy_pin(tr_policy *p, int32_t layer, int32_t expert, tr_error *e
     if (p->it[k].pins++ == 0) {
         if (p->prot[k])
             unprotect(p, k); /* pinned now: out of the evictable set already */
+        else if (is_adaptive(p))
+            p->ev_pin[p->it[k].ev_pos] = 1;
         else
             evictable_del(p, k);
         p->pinned_bytes += p->it[k].bytes;
@@ -712,7 +719,10 @@ tr_status tr_policy_unpin(tr_policy *p, int32_t layer, int32_t expert, tr_error 
                        layer, expert);
     if (--p->it[k].pins == 0) {
         p->pinned_bytes -= p->it[k].bytes;
-        evictable_add(p, k);
+        if (is_adaptive(p) && p->it[k].ev_pos != NOT_IN_HEAP)
+            p->ev_pin[p->it[k].ev_pos] = 0;
+        else
+            evictable_add(p, k);
         p->cand_valid = false;
     }
     return TR_OK;

@@ -64,6 +64,11 @@ struct tr_policy {
     uint64_t *ev_stamp, *ev_freq;
     double *ev_pa;
     int32_t *ev_layer;
+    /* knn, adaptive: a pinned item keeps its place in ev, flagged here (by position), so that a
+     * step's pins and unpins flip a byte instead of moving entries of five arrays; the scans
+     * skip flagged entries. (The scans' keys end in the access stamp, unique per lookup, so the
+     * order of ev does not decide.) The random policy removes pinned items: it draws from ev. */
+    uint8_t *ev_pin;
     uint64_t rng;
 
     /* protected items (at most one layer's worth), in the order they were protected */
