@@ -543,7 +543,8 @@ static void flush_step(tr_duel *d) {
         return;
     }
     const int32_t l = d->step_layer;
-    for (int r = 0; r < TR_POLICY_N_RULES; r++) tr_policy_prefetch(d->sh[r], l, d->step_ex, d->step_n);
+    for (int r = 0; r < TR_POLICY_N_RULES; r++)
+        tr_policy_prefetch(d->sh[r], l, d->step_ex, d->step_n);
     for (int r = 0; r < TR_POLICY_N_RULES; r++) {
         tr_policy *s = d->sh[r];
         const uint64_t bytes = s->layer_bytes[l] ? s->layer_bytes[l] : 1;

@@ -707,7 +707,8 @@ static bool try_acquire(tr_expert_cache *c, tr_expert_request *req, tr_io_job **
     int32_t placed[TR_EXPERT_MAX_TOPK];
     int32_t n_placed = 0, misses = 0;
     for (int q = 0; q < c->n_classes; q++)
-        if (c->classes[q].pol) tr_policy_prefetch(c->classes[q].pol, req->layer, req->experts, req->n);
+        if (c->classes[q].pol)
+            tr_policy_prefetch(c->classes[q].pol, req->layer, req->experts, req->n);
     for (int32_t i = 0; i < req->n; i++)
         __builtin_prefetch(entry_of(c, req->layer * c->n_expert + req->experts[i]), 1);
     /* hits first, so placing the misses cannot evict them */

@@ -784,7 +784,8 @@ void tr_policy_prefetch(const tr_policy *p, int32_t layer, const int32_t *expert
     if (!uses_heaps(p)) return;
     /* a sift compares keys of this layer along its heap: both, whole (64-byte lines) */
     const char *h0 = (const char *)(p->heap + base), *k0 = (const char *)(p->key + base);
-    const size_t hb = (size_t)p->n_expert * sizeof *p->heap, kb = (size_t)p->n_expert * sizeof *p->key;
+    const size_t hb = (size_t)p->n_expert * sizeof *p->heap;
+    const size_t kb = (size_t)p->n_expert * sizeof *p->key;
     for (size_t o = 0; o < hb; o += 64) __builtin_prefetch(h0 + o, 1);
     for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k0 + o, 1);
 }
