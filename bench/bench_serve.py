@@ -17,7 +17,9 @@ start at once (every round then arrives together). Per phase:
 Tokens are the usage counts (terrace) or the text chunks (llama.cpp's server sends one per token).
 
 Needs root for the cgroup (cgroup v1 memory controller) and drop_caches, like bench_moe.sh.
-Results: bench/results/serve.md (+ serve.json).
+Results: bench/results/serve.md (+ serve.json). A run with --only rewrites that model's section
+and keeps the other one (from serve.json, with its own date, commit and machine); a hand-written
+"## Notes" section at the end of serve.md is kept.
 
 usage: bench_serve.py [--quick] [--only dense|moe]
 """
@@ -381,8 +383,19 @@ def write_report(results):
                   f"the 1-stream aggregate, TTFT p99 {burst8['ttft_p99_ms']:.0f} ms "
                   f"({burst8['ttft_p99_ms'] / one['ttft_p99_ms']:.2f}x the 1-stream TTFT)")
         w("")
+    # a hand-written "## Notes" section at the end of serve.md (what a table alone does not
+    # say) is kept as it is: a run rewrites the measured sections only
+    notes = ""
+    try:
+        with open("bench/results/serve.md") as f:
+            old = f.read()
+        at = old.find("\n## Notes\n")
+        if at >= 0:
+            notes = old[at + 1:]
+    except OSError:
+        pass
     with open("bench/results/serve.md", "w") as f:
-        f.write("\n".join(out) + "\n")
+        f.write("\n".join(out) + "\n" + notes)
     print("\n".join(out))
 
 

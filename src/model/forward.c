@@ -60,6 +60,21 @@ static void matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x,
     tr_fwd_matmul(m, sc, W, x, rows, y);
 }
 
+/* W[i] x into y[i] for i < n, all of this step's rows through the per-row kernels: one product
+ * (tr_matmul_rows_multi) when every row would take them anyway (a decode step, a short chunk),
+ * else one matmul each */
+static void matmul_same_input(tr_model *m, tr_scratch *sc, int n, const tr_mat *const *W,
+                              const float *x, int32_t rows, float *const *y) {
+    const int gemm_min = m->kern->gemm_min_m;
+    const bool rowwise = sc->n_grp == 0 ? gemm_min > 0 && rows < gemm_min
+                                        : sc->n_grp == 1 && sc->grp_rowwise[0];
+    if (rowwise) {
+        tr_matmul_rows_multi(m->pool, m->kern, n, W, x, rows, y, sc->mm);
+        return;
+    }
+    for (int i = 0; i < n; i++) matmul(m, sc, W[i], x, rows, y[i]);
+}
+
 /* RMSNorm with an optional bias (phimoe: llama.cpp applies RMSNorm, then the weight, then the
  * bias, although HF's PhiMoE uses LayerNorm) */
 static void norm_rows(const tr_model *m, float *y, const float *x, const float *w, const float *b,
@@ -248,9 +263,15 @@ static tr_status attention_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t
 
     /* projections; with per-layer head counts below the maximum the outputs are re-spread to
      * the buffers' row strides */
-    project(m, sc, &L->wq, rows, sc->q, nq, q_stride);
-    project(m, sc, &L->wk, rows, sc->k, nk, k_stride);
-    project(m, sc, &L->wv, rows, sc->v, nv, v_stride);
+    if (nq == q_stride && nk == k_stride && nv == v_stride) {
+        const tr_mat *const W[3] = {&L->wq, &L->wk, &L->wv};
+        float *const y[3] = {sc->q, sc->k, sc->v};
+        matmul_same_input(m, sc, 3, W, sc->xn, rows, y);
+    } else {
+        project(m, sc, &L->wq, rows, sc->q, nq, q_stride);
+        project(m, sc, &L->wk, rows, sc->k, nk, k_stride);
+        project(m, sc, &L->wv, rows, sc->v, nv, v_stride);
+    }
     add_bias(sc->q, L->bq, rows, nq, q_stride);
     add_bias(sc->k, L->bk, rows, nk, k_stride);
     add_bias(sc->v, L->bv, rows, nv, v_stride);
@@ -313,8 +334,9 @@ static tr_status ffn_block(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
         tr_status s = tr_moe_ffn(m, sc, l, rows, sc->o, err);
         if (s) return s;
     } else {
-        matmul(m, sc, &L->ffn_gate, sc->xn, rows, sc->g);
-        matmul(m, sc, &L->ffn_up, sc->xn, rows, sc->u);
+        const tr_mat *const W[2] = {&L->ffn_gate, &L->ffn_up};
+        float *const y[2] = {sc->g, sc->u};
+        matmul_same_input(m, sc, 2, W, sc->xn, rows, y);
         if (m->arch->act == TR_ACT_GELU) tr_geglu(sc->g, sc->u, rows * F);
         else tr_swiglu(sc->g, sc->u, rows * F);
         if (!rows_finite(sc->g, rows, F, F)) {

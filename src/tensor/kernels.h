@@ -39,7 +39,7 @@ typedef void (*tr_act_side_fn)(const void *restrict aq, int64_t nb, int64_t b0, 
 /* tr_matmul uses the wide tables for products of at most this many activation rows (the decode
  * rows of a step; a long prompt's tables would take MiBs of scratch per session) */
 #define TR_SIDE_WIDE_MAX_M 64
-#define TR_SIDE_WIDE_FLOATS_MAX 26 /* the most floats per block of any family's wide table */
+#define TR_SIDE_WIDE_FLOATS_MAX 36 /* the most floats per block of any family's wide table */
 typedef void (*tr_vec_dot_side_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
                                    const void *restrict w, const void *restrict a, size_t a_stride,
                                    const float *restrict side, size_t side_stride);

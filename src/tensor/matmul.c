@@ -47,6 +47,12 @@ typedef struct mm_job {
     int64_t chunk;
     char *ga; /* gemm activation rows, ga_row bytes apart; NULL: the vec_dot path */
     size_t ga_row;
+    /* the per-row path over several matrices with the same input (tr_matmul_rows_multi): rows
+     * [first[i], first[i + 1]) of the claimed range are the rows of Ws[i], written to ys[i] */
+    int n_mat;
+    const tr_mat *Ws[TR_MATMUL_MULTI_MAX];
+    float *ys[TR_MATMUL_MULTI_MAX];
+    int64_t first[TR_MATMUL_MULTI_MAX + 1];
 } mm_job;
 
 static void quantize_task(void *ctx, int ith, int nth) {
@@ -118,17 +124,14 @@ static bool claim_rows(mm_job *j, int64_t n, int nth, int64_t *begin, int64_t *e
     }
 }
 
-static void dot_task(void *ctx, int ith, int nth) {
-    (void)ith;
-    mm_job *j = ctx;
-    const tr_mat *W = j->W;
+/* rows [b, e) of W into y (M rows of W->n_out) */
+static void dot_rows(const mm_job *j, const tr_mat *W, float *y, int64_t b, int64_t e) {
     const int64_t N = W->n_out, K = W->n_in;
     const tr_vec_dot_fn dot = j->k->vec_dot[W->type];
     const tr_vec_dot_nc_fn dot_nc = j->k->vec_dot_nc[W->type];
     const tr_vec_dot_side_fn dot_side = j->side ? j->dot_side : NULL;
     const tr_vec_dot_2r_fn dot_2r = j->k->vec_dot_2r[W->type];
-    int64_t b, e;
-    while (claim_rows(j, N, nth, &b, &e)) {
+    {
         for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
             const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
             const int max_nc = dot_side                   ? TR_SIDE_MAX_NC
@@ -142,24 +145,40 @@ static void dot_task(void *ctx, int ith, int nth) {
                  * row would waste half of that) */
                 if (dot_2r && nc >= 2)
                     for (; r + 2 <= r1; r += 2)
-                        dot_2r(K, nc, j->y + m * N + r, (size_t)N,
+                        dot_2r(K, nc, y + m * N + r, (size_t)N,
                                (const char *)W->data + (size_t)r * W->row_bytes, W->row_bytes, xq,
                                j->xq_row);
                 for (; r < r1; r++) {
                     const char *row = (const char *)W->data + (size_t)r * W->row_bytes;
                     if (dot_side) {
-                        dot_side(K, nc, j->y + m * N + r, (size_t)N, row, xq, j->xq_row,
+                        dot_side(K, nc, y + m * N + r, (size_t)N, row, xq, j->xq_row,
                                  j->side + (size_t)m * j->side_row, j->side_row);
                     } else if (dot_nc) {
-                        dot_nc(K, nc, j->y + m * N + r, (size_t)N, row, xq, j->xq_row);
+                        dot_nc(K, nc, y + m * N + r, (size_t)N, row, xq, j->xq_row);
                     } else {
                         for (int c = 0; c < nc; c++)
-                            dot(K, j->y + (m + c) * N + r, row, xq + (size_t)c * j->xq_row);
+                            dot(K, y + (m + c) * N + r, row, xq + (size_t)c * j->xq_row);
                     }
                 }
             }
         }
     }
+}
+
+static void dot_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    mm_job *j = ctx;
+    int64_t b, e;
+    if (j->n_mat == 0) {
+        while (claim_rows(j, j->W->n_out, nth, &b, &e)) dot_rows(j, j->W, j->y, b, e);
+        return;
+    }
+    while (claim_rows(j, j->first[j->n_mat], nth, &b, &e))
+        for (int i = 0; i < j->n_mat; i++) {
+            const int64_t lo = b > j->first[i] ? b : j->first[i];
+            const int64_t hi = e < j->first[i + 1] ? e : j->first[i + 1];
+            if (lo < hi) dot_rows(j, j->Ws[i], j->ys[i], lo - j->first[i], hi - j->first[i]);
+        }
 }
 
 /* gemm: row chunks of gemm_rows (a panel multiple), claimed as they free up */
@@ -175,8 +194,11 @@ static void gemm_task(void *ctx, int ith, int nth) {
           (const char *)W->data + (size_t)b * W->row_bytes, W->row_bytes, j->ga, j->ga_row);
 }
 
+/* n_mat 0: y = W x; else the rows of Ws[0..n_mat) one after the other (per-row kernels only;
+ * W is Ws[0], whose type and n_in they all have) */
 static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x,
-                   int64_t M, float *y, void *scratch, bool gemm) {
+                   int64_t M, float *y, void *scratch, bool gemm, int n_mat,
+                   const tr_mat *const *Ws, float *const *ys) {
     mm_job j = {
         .k = kern ? kern : tr_kernels_best(),
         .W = W,
@@ -188,6 +210,18 @@ static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const
     };
     j.xq_row = tr_type_row_bytes(j.vt, W->n_in);
     const int nth = pool ? tr_pool_size(pool) : 1;
+    int64_t n_rows = W->n_out;
+    if (n_mat > 0) {
+        gemm = false;
+        j.n_mat = n_mat;
+        j.first[0] = 0;
+        for (int i = 0; i < n_mat; i++) {
+            j.Ws[i] = Ws[i];
+            j.ys[i] = ys[i];
+            j.first[i + 1] = j.first[i] + Ws[i]->n_out;
+        }
+        n_rows = j.first[n_mat];
+    }
     if (gemm && j.k->gemm[W->type] && M >= j.k->gemm_min_m) {
         /* the gemm rows follow the quantized rows (the 64 spare bytes cover the alignment) */
         const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);
@@ -223,7 +257,7 @@ static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const
     atomic_init(&j.next, 0);
     /* the smallest claim (claim_rows): one tile of rows, or fewer for a matrix with few rows per
      * thread */
-    j.chunk = W->n_out / (nth * 8);
+    j.chunk = n_rows / (nth * 8);
     if (j.chunk > MM_TILE_ROWS) j.chunk = MM_TILE_ROWS;
     if (j.chunk < 1) j.chunk = 1;
     if (j.vt == TR_TYPE_F32) {
@@ -239,10 +273,23 @@ static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const
 
 void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x, int64_t M,
                float *y, void *scratch) {
-    matmul(pool, kern, W, x, M, y, scratch, true);
+    matmul(pool, kern, W, x, M, y, scratch, true, 0, NULL, NULL);
 }
 
 void tr_matmul_rowwise(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x,
                        int64_t M, float *y, void *scratch) {
-    matmul(pool, kern, W, x, M, y, scratch, false);
+    matmul(pool, kern, W, x, M, y, scratch, false, 0, NULL, NULL);
+}
+
+void tr_matmul_rows_multi(tr_pool *pool, const tr_kernels *kern, int n, const tr_mat *const *W,
+                          const float *x, int64_t M, float *const *y, void *scratch) {
+    bool same = n >= 1 && n <= TR_MATMUL_MULTI_MAX;
+    for (int i = 1; same && i < n; i++)
+        same = W[i]->type == W[0]->type && W[i]->n_in == W[0]->n_in;
+    if (!same || n == 1) {
+        for (int i = 0; i < n; i++)
+            matmul(pool, kern, W[i], x, M, y[i], scratch, false, 0, NULL, NULL);
+        return;
+    }
+    matmul(pool, kern, W[0], x, M, NULL, scratch, false, n, W, y);
 }

@@ -29,5 +29,12 @@ void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const flo
  * rows on, sums in another order). */
 void tr_matmul_rowwise(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x,
                        int64_t M, float *y, void *scratch);
+/* y[i] = W[i] x by tr_matmul_rowwise for i < n (n <= TR_MATMUL_MULTI_MAX), as one product where
+ * the matrices have one type and n_in (q, k, v; gate, up): the activations are quantized once and
+ * the rows of all of them are shared out in one pool run, so the threads meet once instead of
+ * once per matrix. Each row's result is the one tr_matmul_rowwise gives. */
+#define TR_MATMUL_MULTI_MAX 4
+void tr_matmul_rows_multi(tr_pool *pool, const tr_kernels *kern, int n, const tr_mat *const *W,
+                          const float *x, int64_t M, float *const *y, void *scratch);
 
 #endif

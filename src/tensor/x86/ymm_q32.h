@@ -389,10 +389,108 @@ TR_X86_SIDE_ENTRY(ymm_dot_side_q5_0, Q32_Q5_0)
 TR_X86_SIDE_ENTRY(ymm_dot_side_q8_0, Q32_Q8_0)
 TR_X86_SIDE_ENTRY(ymm_dot_side_iq4_nl, Q32_IQ4_NL)
 TR_X86_SIDE_ENTRY(ymm_dot_side_mxfp4, Q32_MXFP4)
-TR_X86_SIDE_ENTRY(ymm_dot_side_q4_1, Q32_Q4_1)
 TR_X86_SIDE_ENTRY(ymm_dot_side_q5_1, Q32_Q5_1)
 #undef TR_X86_SIDE_ENTRY
 #undef TR_X86_SIDE_CASE
+
+/* ------------------------------------------------------ Q4_1 with side tables, half-block lanes */
+
+/* Q4_1 against Q8_1 rows in the order the 512-bit wide kernel (zmm_q32.h, zq41_side_impl) keeps,
+ * so that a column's bits do not depend on the kernel, the family or the column count: the row
+ * is taken in groups of 8 blocks, and in each group lane 2k + h (k the block in the group, h its
+ * half of 16 elements) holds the exact integer dot of that half-block. Per lane and group: the
+ * scale d_w·d_a (one product) times the converted dot, added by one FMA into the lane's
+ * accumulator; per block, m_w·s into a second 8-lane accumulator (one FMA). The row's value is
+ * hsum_ps256(lanes 0-7 + lanes 8-15) + hsum_ps256(the min accumulator). Blocks past the row's
+ * end in its last group are zeros (every factor 0). Here the 16 lanes are two 256-bit halves
+ * (blocks 0-3, 4-7) and a half-block's dot is two horizontal adds of the block's 4-element
+ * sums; the 512-bit kernel gets them from one VNNI product per 4 elements of 16 half-blocks. */
+TR_ALWAYS_INLINE void q41h_group(const int r, const int nc, const tr_blk_q4_1 *x,
+                                 const char *const *a, const float *const *side, int64_t nb,
+                                 int64_t b, __m256 *lo, __m256 *hi, __m256 *cacc) {
+    uint32_t head[8];
+    __m256i q[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        head[k] = k < r ? tr_load_u32(&x[b + k]) : 0;
+        q[k] = k < r ? unpack_nibbles32(x[b + k].qs) : _mm256_setzero_si256();
+    }
+    const __m256i gw = _mm256_loadu_si256((const __m256i *)head);
+    const __m256 dw = f16_lo_to_f32(gw), mw = f16_lo_to_f32(_mm256_srli_epi32(gw, 16));
+    const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const __m256i dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    const __m256i pair = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256 dwl = _mm256_permutevar8x32_ps(dw, dup_lo), dwh = _mm256_permutevar8x32_ps(dw, dup_hi);
+    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        const __m256 da = r == 8 ? _mm256_loadu_ps(side[j] + b) : _mm256_maskload_ps(side[j] + b, live);
+        const __m256 sa = r == 8 ? _mm256_loadu_ps(side[j] + nb + b)
+                                 : _mm256_maskload_ps(side[j] + nb + b, live);
+        __m256i p[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            p[k] = k < r ? dot_us8(q[k], _mm256_loadu_si256((const __m256i *)q32_act_codes(
+                                             Q32_Q4_1, a, j, b + k)))
+                         : _mm256_setzero_si256();
+        const __m256i il = _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3])), pair);
+        const __m256i ih = _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7])), pair);
+        lo[j] = _mm256_fmadd_ps(_mm256_mul_ps(dwl, _mm256_permutevar8x32_ps(da, dup_lo)),
+                                _mm256_cvtepi32_ps(il), lo[j]);
+        hi[j] = _mm256_fmadd_ps(_mm256_mul_ps(dwh, _mm256_permutevar8x32_ps(da, dup_hi)),
+                                _mm256_cvtepi32_ps(ih), hi[j]);
+        cacc[j] = _mm256_fmadd_ps(mw, sa, cacc[j]);
+    }
+}
+
+TR_ALWAYS_INLINE void q41h_side_impl(int64_t n, const int nc, float *restrict s, size_t s_stride,
+                                     const void *restrict w, const void *restrict va,
+                                     size_t a_stride, const float *restrict vside,
+                                     size_t side_stride) {
+    const int64_t nb = n / TR_QK32;
+    const tr_blk_q4_1 *x = w;
+    const char *a[TR_MAX_NC];
+    const float *side[TR_MAX_NC];
+    __m256 lo[TR_MAX_NC], hi[TR_MAX_NC], cacc[TR_MAX_NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        a[j] = (const char *)va + (size_t)j * a_stride;
+        side[j] = vside + (size_t)j * side_stride;
+        lo[j] = hi[j] = cacc[j] = _mm256_setzero_ps();
+    }
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        prefetch_block(&x[b], 8 * sizeof(tr_blk_q4_1));
+        q41h_group(8, nc, x, a, side, nb, b, lo, hi, cacc);
+    }
+    if (b < nb) q41h_group((int)(nb - b), nc, x, a, side, nb, b, lo, hi, cacc);
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++)
+        s[(size_t)j * s_stride] = hsum_ps256(_mm256_add_ps(lo[j], hi[j])) + hsum_ps256(cacc[j]);
+}
+
+#define Q41H_CASE(k)                                                                               \
+    case k: q41h_side_impl(n, k, s0, s_stride, w, a0, a_stride, d0, side_stride); break;
+static __attribute__((unused)) void ymm_dot_side_q4_1h(int64_t n, int nc, float *restrict s,
+                                                       size_t s_stride, const void *restrict w,
+                                                       const void *restrict a, size_t a_stride,
+                                                       const float *restrict side,
+                                                       size_t side_stride) {
+    for (int j0 = 0; j0 < nc; j0 += TR_MAX_NC) {
+        float *s0 = s + (size_t)j0 * s_stride;
+        const char *a0 = (const char *)a + (size_t)j0 * a_stride;
+        const float *d0 = side + (size_t)j0 * side_stride;
+        switch (nc - j0) {
+            Q41H_CASE(1)
+            Q41H_CASE(2)
+            Q41H_CASE(3)
+        default: Q41H_CASE(4)
+        }
+    }
+}
+#undef Q41H_CASE
 
 #define Q32_IMPL(kind, fn)                                                                         \
     TR_ALWAYS_INLINE void fn(int64_t n, const int nc, float *restrict s, size_t ss,                \

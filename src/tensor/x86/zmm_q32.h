@@ -2,8 +2,10 @@
  * 512-bit vec_dot_side kernels for the 32-element block types (Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4,
  * Q4_1, Q5_1), up to TR_SIDE_MAX_NC activation rows per call: the decode path of a batch, where
  * one weight row meets every slot's activation row. They give the bits of the 256-bit side
- * kernels (ymm_q32.h, q32_side_impl) for every column and every column count: a request served
- * beside others gets the answer it gets alone, and both x86 families agree.
+ * kernels (ymm_q32.h, q32_side_impl; for Q4_1 q41h_side_impl) for every column and every column
+ * count: a request served beside others gets the answer it gets alone, and both x86 families
+ * agree. Q4_1 has an order of its own, in half-block lanes (zq41_side_impl, at the end), which
+ * takes half the operations per column of the two-blocks-per-register order described here.
  *
  * How the bits are kept: the 256-bit kernel gives each block 8 int32 lanes (sums of 4 byte
  * products), scales them by d_w·d_a in f32 and adds them into accumulator k % 4 (k the block's
@@ -30,7 +32,8 @@
  * Wide side table of one row of nb blocks, in floats (kernels.h: act_side_wide_floats):
  *   [0, nb) d_a | [nb, 2nb) second value (code sum or Q8_1's s) | [2nb, 10nb) d_a, 8 per block |
  *   [10nb, 18nb) the codes, 32 bytes per block | [18nb, 26nb) Q8_0 rows: 8 int32 corrections
- * per block.
+ * per block | [26nb, 34nb) Q8_1 rows: the codes in half-block lanes (zq41_side_impl) |
+ * [34nb, 36nb) Q8_1 rows: d_a, 2 per block (one per half-block lane).
  */
 #ifndef TR_TENSOR_X86_ZMM_Q32_H
 #define TR_TENSOR_X86_ZMM_Q32_H
@@ -39,13 +42,15 @@
 
 #if defined(__x86_64__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
-#define ZQ_SIDE_FLOATS 26
+#define ZQ_SIDE_FLOATS 36
 _Static_assert(ZQ_SIDE_FLOATS <= TR_SIDE_WIDE_FLOATS_MAX, "the matmul scratch holds the tables");
 
 /* the parts of a row's table after d_a and the second values */
 #define ZQ_DE(side, nb)    ((side) + 2 * (nb))
 #define ZQ_CODES(side, nb) ((side) + 10 * (nb))
 #define ZQ_CORR(side, nb)  ((side) + 18 * (nb))
+#define ZQ_LANES(side, nb) ((side) + 26 * (nb))
+#define ZQ_DA2(side, nb)   ((side) + 34 * (nb))
 
 /* the parts of block b's table both activation formats share */
 TR_ALWAYS_INLINE void zq_side_common(const int8_t *qs, float d, int64_t nb, int64_t b,
@@ -76,7 +81,19 @@ static void zq_act_side_q8_1(const void *restrict aq, int64_t nb, int64_t b0, in
                              float *restrict side) {
     const tr_blk_q8_1 *y = aq;
     ymm_act_side_q8_1(aq, nb, b0, b1, side);
-    for (int64_t b = b0; b < b1; b++) zq_side_common(y[b].qs, side[b], nb, b, side);
+    for (int64_t b = b0; b < b1; b++) {
+        zq_side_common(y[b].qs, side[b], nb, b, side);
+        /* half-block lanes: in the group of 8 blocks from g0 (r of them), register t of the
+         * group (r·8 bytes from its start, 2r lanes) holds in lane 2k + h the codes 16h + 4t ..
+         * 16h + 4t + 3 of block g0 + k */
+        const int64_t g0 = b & ~(int64_t)7, k = b - g0;
+        const int64_t r = nb - g0 < 8 ? nb - g0 : 8;
+        char *lanes = (char *)(ZQ_LANES(side, nb) + 8 * g0);
+        for (int t = 0; t < 4; t++)
+            for (int h = 0; h < 2; h++)
+                memcpy(lanes + 4 * (t * 2 * r + 2 * k + h), y[b].qs + 16 * h + 4 * t, 4);
+        ZQ_DA2(side, nb)[2 * b] = ZQ_DA2(side, nb)[2 * b + 1] = side[b];
+    }
 }
 
 /* the weight codes are signed (Q8_0, IQ4_NL): multiplied as w + 128 with the lane corrections */
@@ -305,10 +322,138 @@ ZQ_SIDE_ENTRY(zmm_dot_side_q5_0, Q32_Q5_0)
 ZQ_SIDE_ENTRY(zmm_dot_side_q8_0, Q32_Q8_0)
 ZQ_SIDE_ENTRY(zmm_dot_side_iq4_nl, Q32_IQ4_NL)
 ZQ_SIDE_ENTRY(zmm_dot_side_mxfp4, Q32_MXFP4)
-ZQ_SIDE_ENTRY(zmm_dot_side_q4_1, Q32_Q4_1)
 ZQ_SIDE_ENTRY(zmm_dot_side_q5_1, Q32_Q5_1)
 #undef ZQ_SIDE_ENTRY
 #undef ZQ_SIDE_CASE
+
+/* Q4_1 against Q8_1 in half-block lanes: the order of q41h_side_impl (ymm_q32.h, where it is
+ * described), for every column count. One group of 8 blocks (r of them at the row's end) is
+ * 160 bytes of weights, loaded by three (masked) 512-bit loads; two permutes per register put the
+ * 4-byte code group t of every block into the block's two lanes, a variable shift and a mask
+ * pick the low nibbles (elements 0-15) for lane 2k and the high ones (16-31) for lane 2k + 1.
+ * Each column then costs per group four VNNI products (its codes in the same lanes, from the
+ * wide table), one conversion, one scale product, one FMA, and one 256-bit FMA for the mins:
+ * 8 operations per 8 blocks where the two-blocks-per-register order above needs 16. */
+/* dwords idx of the group's weights, held in R0..R2 (dwords 0-15, 16-31, 32-47): span 1 when
+ * every index needed is below 16, 2 below 32 */
+TR_ALWAYS_INLINE __m512i zq41_pick(const int span, __m512i idx, __m512i R0, __m512i R1,
+                                   __m512i R2) {
+    if (span == 1) return _mm512_permutexvar_epi32(idx, R0);
+    const __m512i near = _mm512_permutex2var_epi32(R0, idx, R1);
+    if (span == 2) return near;
+    const __m512i far = _mm512_set1_epi32(32);
+    return _mm512_mask_permutexvar_epi32(near, _mm512_cmpge_epi32_mask(idx, far),
+                                         _mm512_sub_epi32(idx, far), R2);
+}
+
+TR_ALWAYS_INLINE void zq41_group(const int r, const int nc, const char *wg,
+                                 const float *const *side, int64_t nb, int64_t g0, __m512 *acc,
+                                 __m256 *cacc) {
+    const int nd = 5 * r; /* dwords of the group's blocks */
+    const int span = nd <= 16 ? 1 : nd <= 32 ? 2 : 3;
+    const __m512i R0 = r == 8 ? _mm512_loadu_si512(wg)
+                              : _mm512_maskz_loadu_epi32((__mmask16)((1u << (nd < 16 ? nd : 16)) - 1), wg);
+    const __m512i R1 =
+        r == 8 ? _mm512_loadu_si512(wg + 64)
+        : span >= 2 ? _mm512_maskz_loadu_epi32(
+                          (__mmask16)((1u << (nd < 32 ? nd - 16 : 16)) - 1), wg + 64)
+                    : _mm512_setzero_si512();
+    const __m512i R2 = span == 3 ? _mm512_maskz_loadu_epi32((__mmask16)((1u << (nd - 32)) - 1), wg + 128)
+                                 : _mm512_setzero_si512();
+    /* lane 2k + h: dword 5k + 1 + t of the group (the code group t of block k); lanes of
+     * blocks past r may hold anything: their activation codes are zeros */
+    const __m512i base = _mm512_setr_epi32(1, 1, 6, 6, 11, 11, 16, 16, 21, 21, 26, 26, 31, 31, 36, 36);
+    const __m512i shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    __m512i W[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        const __m512i v = zq41_pick(span, _mm512_add_epi32(base, _mm512_set1_epi32(t)), R0, R1, R2);
+        W[t] = _mm512_and_si512(_mm512_srlv_epi32(v, shift), _mm512_set1_epi8(0x0F));
+    }
+    /* block heads (d, m as f16) at dwords 5k, lanes 0-7, converted as 16 halves: lane 2k the
+     * scale d, 2k + 1 the min m of block k; lanes of blocks past r zero */
+    const __m512i hidx = _mm512_setr_epi32(0, 5, 10, 15, 20, 25, 30, 35, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512 dm = _mm512_cvtph_ps(_mm512_castsi512_si256(zq41_pick(span, hidx, R0, R1, R2)));
+    const __mmask16 mk = (__mmask16)((1u << (2 * r)) - 1);
+    const __mmask8 m8 = (__mmask8)((1u << r) - 1);
+    const __m512 dwe = _mm512_maskz_permutexvar_ps(
+        mk, _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14), dm);
+    const __m256 mw = _mm512_castps512_ps256(_mm512_maskz_permutexvar_ps(
+        (__mmask16)m8, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0), dm));
+#pragma GCC unroll 8
+    for (int j = 0; j < nc; j++) {
+        const float *sj = side[j];
+        const int32_t *T = (const int32_t *)(const void *)(ZQ_LANES(sj, nb) + 8 * g0);
+        const float *da = ZQ_DA2(sj, nb) + 2 * g0;
+        __m512i i = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++)
+            i = _mm512_dpbusd_epi32(i, W[t],
+                                    r == 8 ? _mm512_loadu_si512(T + 16 * t)
+                                           : _mm512_maskz_loadu_epi32(mk, T + 2 * r * t));
+        const __m512 sc =
+            _mm512_mul_ps(dwe, r == 8 ? _mm512_loadu_ps(da) : _mm512_maskz_loadu_ps(mk, da));
+        acc[j] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(i), acc[j]);
+        const __m256 sa = r == 8 ? _mm256_loadu_ps(sj + nb + g0) : _mm256_maskz_loadu_ps(m8, sj + nb + g0);
+        cacc[j] = _mm256_fmadd_ps(mw, sa, cacc[j]);
+    }
+}
+
+TR_ALWAYS_INLINE void zq41_side_impl(int64_t n, const int nc, float *restrict s, size_t s_stride,
+                                     const void *restrict w, const float *restrict vside,
+                                     size_t side_stride) {
+    const int64_t nb = n / TR_QK32;
+    const float *side[TR_SIDE_MAX_NC];
+    __m512 acc[TR_SIDE_MAX_NC];
+    __m256 cacc[TR_SIDE_MAX_NC];
+#pragma GCC unroll 8
+    for (int j = 0; j < nc; j++) {
+        side[j] = vside + (size_t)j * side_stride;
+        acc[j] = _mm512_setzero_ps();
+        cacc[j] = _mm256_setzero_ps();
+    }
+    const char *wr = w;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const char *wg = wr + (size_t)b * sizeof(tr_blk_q4_1);
+        prefetch_block(wg, 8 * sizeof(tr_blk_q4_1));
+        zq41_group(8, nc, wg, side, nb, b, acc, cacc);
+    }
+    if (b < nb)
+        zq41_group((int)(nb - b), nc, wr + (size_t)b * sizeof(tr_blk_q4_1), side, nb, b, acc, cacc);
+    /* hsum_ps256(lanes 0-7 + lanes 8-15) + hsum_ps256(cacc), two columns per register */
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j += 2) {
+        const int k = j + 1 < nc ? j + 1 : j;
+        const __m256 tj = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm512_extractf32x8_ps(acc[j], 1));
+        const __m256 tk = _mm256_add_ps(_mm512_castps512_ps256(acc[k]), _mm512_extractf32x8_ps(acc[k], 1));
+        const __m512 dot = zq_hsum_halves(_mm512_insertf32x8(_mm512_castps256_ps512(tj), tk, 1));
+        const __m512 cs = zq_hsum_halves(_mm512_insertf32x8(_mm512_castps256_ps512(cacc[j]), cacc[k], 1));
+        s[(size_t)j * s_stride] = _mm512_cvtss_f32(dot) + _mm512_cvtss_f32(cs);
+        if (k > j)
+            s[(size_t)k * s_stride] = _mm_cvtss_f32(_mm512_extractf32x4_ps(dot, 2)) +
+                                      _mm_cvtss_f32(_mm512_extractf32x4_ps(cs, 2));
+    }
+}
+
+#define ZQ41_CASE(k) case k: zq41_side_impl(n, k, s, s_stride, w, side, side_stride); break;
+static void zmm_dot_side_q4_1h(int64_t n, int nc, float *restrict s, size_t s_stride,
+                               const void *restrict w, const void *restrict a, size_t a_stride,
+                               const float *restrict side, size_t side_stride) {
+    (void)a;
+    (void)a_stride;
+    switch (nc) {
+        ZQ41_CASE(1)
+        ZQ41_CASE(2)
+        ZQ41_CASE(3)
+        ZQ41_CASE(4)
+        ZQ41_CASE(5)
+        ZQ41_CASE(6)
+        ZQ41_CASE(7)
+    default: ZQ41_CASE(8)
+    }
+}
+#undef ZQ41_CASE
 
 #endif
 #endif
