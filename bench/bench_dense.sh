@@ -8,13 +8,16 @@
 # Q4_K_M, Q6_K and Q8_0.
 # Results are printed and written to bench/results/dense.md.
 #   THREADS (default: all cores), REPS (3), MODELS (a subset of the names below), TESTS
-#   (default pp512,tg128,pp512@d4096,tg128@d4096), ISA (terrace's kernel family, e.g. avx2).
+#   (default pp512,tg128,pp512@d4096,tg128@d4096), ISA (terrace's kernel family, e.g. avx2),
+#   PEER_VENV (the llama.cpp build to compare with, default .venv-peer; scripts/peer.sh builds
+#   others, e.g. an AVX2-only one to set against ISA=avx2), OUT (default bench/results/dense.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-3}
 TESTS=${TESTS:-pp512,tg128,pp512@d4096,tg128@d4096}
 OUT=${OUT:-bench/results/dense.md}
+PEER=${PEER_VENV:-.venv-peer}/bin/python3
 mkdir -p bench/results build/bench
 
 synth() { # synth FTYPE_NAME FTYPE_ID -> path of the synthetic 1.1B model in that type
@@ -72,7 +75,8 @@ isa_desc="AVX2"; [[ $flags == *avx512f* ]] && isa_desc="AVX-512"; [[ $flags == *
     echo "# Dense models: terrace vs llama.cpp"
     echo
     echo "$(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $cpu ($isa_desc), $THREADS threads,"
-    echo "terrace kernels ${ISA:-$(./build/terrace --version | sed 's/.*kernels: //; s/)//')}, llama.cpp via llama-cpp-python $(.venv-peer/bin/python3 -c 'import llama_cpp; print(llama_cpp.__version__)') (its defaults: flash attention auto, weight repacking on, mmap)."
+    echo "terrace kernels ${ISA:-$(./build/terrace --version | sed 's/.*kernels: //; s/)//')}, llama.cpp via llama-cpp-python $("$PEER" -c 'import llama_cpp; print(llama_cpp.__version__)') (its defaults: flash attention auto, weight repacking on, mmap),"
+    echo "built with $(cat "${PEER_VENV:-.venv-peer}/.terrace-peer-flags" 2>/dev/null || echo '?') (scripts/peer.sh; v2 = this CPU's features), its system info: $("$PEER" -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode().strip())' 2>/dev/null)."
     echo "Command: \`make bench\` (bench/bench_dense.sh; THREADS=$THREADS REPS=$REPS TESTS=$TESTS)."
     echo "ppN = N random tokens evaluated at once; tgN = N tokens decoded one at a time; @dD = at a context already holding D tokens;"
     echo "mean ± sd of $REPS runs after one warm-up; peak RSS of each process over all its tests."
@@ -83,7 +87,7 @@ isa_desc="AVX2"; [[ $flags == *avx512f* ]] && isa_desc="AVX-512"; [[ $flags == *
 for name in ${MODELS:-$ALL}; do
     m=${MODEL_PATH[$name]}
     echo "bench: $name ($m)" >&2
-    ref=$(.venv-peer/bin/python3 bench/llama_bench.py "$m" "$TESTS" "$REPS" "$THREADS" 512 2>/dev/null)
+    ref=$("$PEER" bench/llama_bench.py "$m" "$TESTS" "$REPS" "$THREADS" 512 2>/dev/null)
     ter=$(TERRACE_ISA=${ISA:-} ./build/terrace bench -m "$m" "${TF[@]}" -r "$REPS" -t "$THREADS" -b 512 -o json)
     python3 - "$name" "$ref" "$ter" "$TESTS" >> "$OUT.tmp" <<'PY'
 import json, sys
