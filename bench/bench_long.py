@@ -24,7 +24,10 @@ usage: bench_long.py CASE...   CASE: smollm2-8k, qwen2-16k, qwen2-32k (each with
   env PROMPT_TOKENS=N shortens a case's prompt (the context stays); N_GEN (default 128);
   POLICIES=full,tiered,auto runs only those (full always, unless ONE_PASS=1 and it is not named);
   QUALITY=0 skips the teacher-forced pass; ONE_PASS, JOBS, THREADS as above; JSON=FILE writes the
-  rows (appended, one object a line); MODEL=PATH takes the model from PATH (one case per run)
+  rows (appended, one object a line); MODEL=PATH takes the model from PATH (one case per run);
+  KEEP_PASSES=DIR (with ONE_PASS=1) copies each pass's JSON and log into DIR as it ends;
+  FULL_PASS=FILE (with ONE_PASS=1, full not run) takes full's top-1 and perplexity from a kept
+  pass of the same case (the time ratios stay "—": another run's times)
 """
 import json
 import math
@@ -139,6 +142,11 @@ def one_pass_end(name, flags, p, out):
     out.seek(0)
     d = json.load(out)
     out.close()
+    if os.environ.get("KEEP_PASSES"):  # each pass's output as it ends (a long run keeps what finished)
+        keep = os.path.join(os.environ["KEEP_PASSES"], name.replace(" + ", "-").replace(" ", "-"))
+        shutil.copy(out.name, keep + ".json")
+        with open(keep + ".log", "w") as f:
+            f.write(" ".join(flags) + "\n" + err)
     note = re.search(r"kv cache auto: (.*)", err)
     g = {"flags": flags, "prompt": d["prompt"], "prefill_s": d["prefill_ms"] / 1e3,
          "decode_tok_s": 1e3 * d["decode_steps"] / d["decode_ms"], "rss": d["peak_rss_mib"],
@@ -252,6 +260,10 @@ def main():
         if ONE_PASS:
             res, hot, note, n_after = one_pass_main(key, m, pf, ctx, budget, text, tmp, env)
             qual = {n: g["qual"] for n, g in res.items()}
+            if "full" not in qual and os.environ.get("FULL_PASS"):  # full's pass from another run
+                with open(os.environ["FULL_PASS"]) as f:
+                    d = json.load(f)
+                qual["full"] = (d["top1"], d["nll"])
             auto_note = res["auto"]["note"] if "auto" in res else note
         else:
             res, hot, qual, n_after = two_pass(key, m, pf, ctx, budget, text, tmp, env)
