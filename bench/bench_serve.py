@@ -21,7 +21,10 @@ Results: bench/results/serve.md (+ serve.json). A run with --only rewrites that 
 and keeps the other one (from serve.json, with its own date, commit and machine); a hand-written
 "## Notes" section at the end of serve.md is kept.
 
-usage: bench_serve.py [--quick] [--only dense|moe]
+usage: bench_serve.py [--quick] [--only dense|moe] [--levels 1,4,8,16] [--servers terrace,peer]
+
+--servers runs one server only (the capped MoE's llama.cpp phases alone take minutes): the other
+one's rows of that section are kept from serve.json with the date and commit of their own run.
 """
 import argparse
 import datetime
@@ -51,8 +54,14 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
 ap.add_argument("--only", choices=["dense", "moe"])
 ap.add_argument("--levels", default="1,4,8,16")
+ap.add_argument("--servers", default="terrace,peer",
+                help="the servers to run (terrace, peer or both): a server not run keeps its rows "
+                     "of that section from serve.json, and the report names their run")
 args = ap.parse_args()
 LEVELS = [int(x) for x in args.levels.split(",")]
+SERVERS = set(args.servers.split(","))
+if not SERVERS or SERVERS - {"terrace", "peer"}:
+    ap.error("--servers takes terrace, peer or terrace,peer")
 
 WORDS = ("river stone lantern harbor meadow violin comet forest glacier orchard canyon lighthouse "
          "market island temple desert library garden mountain village").split()
@@ -255,6 +264,29 @@ def cpu_name():
     return platform.processor()
 
 
+def old_section(key):
+    try:
+        with open("bench/results/serve.json") as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return old.get("results", {}).get(key)
+
+
+def run_sides(key, r):
+    """runs the servers asked for; a server not run keeps its rows from serve.json"""
+    prev = None
+    for side in ("terrace", "peer"):
+        if side in SERVERS:
+            r[side] = r[side]()
+            continue
+        prev = prev or old_section(key)
+        if not prev or side not in prev:
+            sys.exit(f"bench-serve: --servers {args.servers}: serve.json has no {side} rows for {key}")
+        r[side] = prev[side]
+        r[side + "_meta"] = prev.get(side + "_meta", prev.get("meta"))
+
+
 def main():
     os.makedirs("build/bench", exist_ok=True)
     results = {}
@@ -269,9 +301,10 @@ def main():
         p_extra = ["--n_ctx", "2048"]
         results["dense"] = {
             "model": dense, "max_tokens": 64,
-            "terrace": run_server("terrace", dense, False, t_extra, {}, reps, 64, pats),
-            "peer": run_server("peer", dense, False, p_extra, {}, reps, 64, pats),
+            "terrace": (lambda: run_server("terrace", dense, False, t_extra, {}, reps, 64, pats)),
+            "peer": (lambda: run_server("peer", dense, False, p_extra, {}, reps, 64, pats)),
             "terrace_flags": t_extra, "peer_flags": p_extra}
+        run_sides("dense", results["dense"])
     if args.only in (None, "moe"):
         moe = "build/bench/qwen3moe-1g-Q4_K_M.gguf"
         if not os.path.exists(moe):
@@ -293,15 +326,16 @@ def main():
         mt = 16 if quick else 32
         results["moe"] = {
             "model": moe, "size": size, "cap": cap, "max_tokens": mt,
-            "terrace": run_server("terrace", moe, True, t_extra, {}, (lambda c: 1) if quick else
-                                  (lambda c: 2), mt, ["staggered", "burst"]),
+            "terrace": (lambda: run_server("terrace", moe, True, t_extra, {}, (lambda c: 1) if quick
+                                           else (lambda c: 2), mt, ["staggered", "burst"])),
             # the peer serves one request at a time (its aggregate does not depend on the count
             # of streams) at about 1.5 tok/s under this cap: one request per stream, and no
             # 16-stream phase (it alone would take ~6 minutes), keep its run within the
             # benchmark's time
-            "peer": run_server("peer", moe, True, p_extra, {"PEER_NO_REPACK": "1"}, lambda c: 1,
-                               mt, ["staggered"], [x for x in LEVELS if x <= 8]),
+            "peer": (lambda: run_server("peer", moe, True, p_extra, {"PEER_NO_REPACK": "1"},
+                                        lambda c: 1, mt, ["staggered"], [x for x in LEVELS if x <= 8])),
             "terrace_flags": t_extra, "peer_flags": p_extra}
+        run_sides("moe", results["moe"])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     meta = {"date": str(datetime.date.today()), "commit": commit, "cpu": cpu_name(),
@@ -309,6 +343,8 @@ def main():
             (" --quick" if quick else "") + (f" --only {args.only}" if args.only else "") + ")"}
     for v in results.values():
         v["meta"] = meta
+        if "peer_meta" in v or "terrace_meta" in v:
+            v["meta"] = dict(meta, command=meta["command"][:-1] + f" --servers {args.servers})")
     # --only keeps the other model's results of an earlier run (each section names its run)
     if args.only and os.path.exists("bench/results/serve.json"):
         with open("bench/results/serve.json") as f:
@@ -341,6 +377,11 @@ def write_report(results):
         w(f"## {title}\n")
         w(f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, {meta['cpu']}, "
           f"{meta['threads']} threads for both servers.\n")
+        for side, name in (("terrace", "terrace"), ("peer", "llama.cpp")):
+            km = r.get(side + "_meta")
+            if km:
+                w(f"{name}'s rows are kept from an earlier run ({km['date']}, commit {km['commit']}, "
+                  f"`{km['command']}`): this one ran the other server only.\n")
         extra = ""
         if key == "moe":
             extra = (f" ({r['size'] >> 20} MiB, qwen3moe, 64 experts top-8) in a memory cgroup of "

@@ -274,6 +274,10 @@ typedef struct tr_model_params {
     /* the session the caller will create (context, batch), so that an auto-sized expert cache
      * leaves room for exactly it; 0: a default session */
     int32_t session_ctx, session_batch;
+    /* the DRAM of every session the caller will create, together (a server's slots: each one's
+     * KV cache + scratch, tr_session_estimate); nonzero: the auto-sized expert cache leaves this
+     * instead of one session of session_ctx / session_batch */
+    uint64_t session_bytes;
 } tr_model_params;
 
 /* How `--expert-cache auto` sized the cache (tr_model_expert_plan): the cap, what it holds

@@ -501,6 +501,7 @@ bool load_model(const gen_opts *o, loaded *out) {
     mp.io_threads = o->io_threads;
     mp.session_ctx = o->n_ctx;
     mp.session_batch = o->n_batch;
+    mp.session_bytes = o->sessions_bytes;
     const double t0 = now_ms();
     if (tr_model_load(o->model, &mp, &out->model, &err)) {
         cli_error("%s", err.msg);

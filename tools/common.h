@@ -34,6 +34,7 @@ typedef struct gen_opts {
     bool experts_mmap;
     bool probe_load; /* load_model: a load only to measure the model; the caller checks the flags */
     unsigned long long expert_cache, mem_budget; /* 0 = auto */
+    uint64_t sessions_bytes; /* load_model: every session the caller will create (0: one of -c, -b) */
     const char *expert_policy;
     int expert_prefetch, io_threads;
     bool expert_lookahead;

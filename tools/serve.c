@@ -146,36 +146,19 @@ typedef struct mem_plan {
 /*
  * The server's one memory budget: weights + expert cache + every slot's session + headroom must
  * fit in --mem-budget (default: the memory cgroup's limit, else MemAvailable). With the expert
- * cache on auto the cache gets what the rest leaves (never more than every expert). A plan whose
- * fixed part does not fit is refused with the number of slots that would; mapped weights are the
- * kernel's to evict, so over the budget they only warn. Requests are then admitted by slot: every
- * slot's KV is allocated up front, and a request that finds none free waits in the queue.
+ * cache on auto the library sizes it as `terrace run` does (tr_expert_plan: the cap minus what is
+ * in use once the dense weights are read, every slot's session, the cache's bookkeeping and a
+ * margin; load_auto below). With a size given, or without an expert cache, the plan here checks
+ * the fixed part: one that does not fit is refused with the number of slots that would; mapped
+ * weights are the kernel's to evict, so over the budget they only warn. Requests are then
+ * admitted by slot: every slot's KV is allocated up front, and a request that finds none free
+ * waits in the queue.
  */
-static bool plan_memory(mem_plan *p, uint64_t expert_total, uint64_t expert_request, char *why,
-                        size_t cap) {
+static bool plan_memory(mem_plan *p, char *why, size_t cap) {
     char b1[32], b2[32], b3[32], b4[32];
     p->headroom = p->budget / 8 + (96u << 20);
     const uint64_t sessions = (uint64_t)p->n_slots * p->per_slot;
     const uint64_t fixed = (p->weights_mapped ? 0 : p->weights) + sessions + p->headroom;
-    if (p->expert_cache && expert_request == 0) {
-        const uint64_t left = p->budget > fixed ? p->budget - fixed : 0;
-        p->experts = left < expert_total ? left : expert_total;
-        if (p->experts == 0) {
-            const uint64_t room = p->budget > p->weights + p->headroom
-                                      ? p->budget - p->weights - p->headroom : 0;
-            snprintf(why, cap, "the memory budget %s leaves no room for the expert cache: %s of "
-                     "dense weights, %d slots x %s, %s headroom; lower --parallel (%llu slots "
-                     "leave the cache nothing) or -c, or raise --mem-budget",
-                     cli_bytes(p->budget, b1, sizeof b1), cli_bytes(p->weights, b2, sizeof b2),
-                     p->n_slots, cli_bytes(p->per_slot, b3, sizeof b3),
-                     cli_bytes(p->headroom, b4, sizeof b4), (unsigned long long)(room / p->per_slot));
-            return false;
-        }
-    } else if (p->expert_cache) {
-        p->experts = expert_request;
-    } else {
-        p->experts = 0;
-    }
     const uint64_t experts = p->experts == TR_EXPERT_CACHE_MIN ? 0 : p->experts;
     p->total = p->weights + experts + sessions + p->headroom;
     const uint64_t must = fixed + experts;
@@ -194,7 +177,39 @@ static bool plan_memory(mem_plan *p, uint64_t expert_total, uint64_t expert_requ
     return true;
 }
 
-/* ---------------------------------------------------------------------------------------------- */
+/* The expert cache on auto: loaded with every slot's session in the plan's session part. A cap
+ * that leaves the cache less than its smallest legal budget is refused, naming the slots that
+ * would leave it that much. */
+static bool load_auto(server *s, const mem_plan *p) {
+    gen_opts real = s->cfg.gen;
+    real.expert_cache = 0;
+    real.sessions_bytes = (uint64_t)p->n_slots * p->per_slot;
+    if (!load_model(&real, &s->ld)) return false;
+    tr_expert_budget_plan ep;
+    tr_model_expert_plan(s->ld.model, &ep);
+    char b[7][32];
+    if (ep.raised_to_min) {
+        const uint64_t other = ep.in_use_bytes + ep.bookkeeping_bytes + ep.margin_bytes +
+                               ep.budget_bytes;
+        const uint64_t fit = ep.cap_bytes > other ? (ep.cap_bytes - other) / p->per_slot : 0;
+        cli_error("serve: %d slots of %s each (KV cache + scratch) leave the expert cache less "
+                  "than its smallest budget (%s) under the %s of %s (in use after loading %s, "
+                  "margin %s): %llu slots would fit; lower --parallel or -c, or raise "
+                  "--mem-budget",
+                  p->n_slots, cli_bytes(p->per_slot, b[0], 32), cli_bytes(ep.budget_bytes, b[1], 32),
+                  ep.source, cli_bytes(ep.cap_bytes, b[2], 32), cli_bytes(ep.in_use_bytes, b[3], 32),
+                  cli_bytes(ep.margin_bytes, b[4], 32), (unsigned long long)fit);
+        return false;
+    }
+    fprintf(stderr, "terrace: memory       %s %s: in use after loading %s (dense weights %s) + "
+                    "expert cache %s (auto) + %d slots x %s (KV + scratch) + cache bookkeeping "
+                    "%s + margin %s\n",
+            ep.source, cli_bytes(ep.cap_bytes, b[0], 32), cli_bytes(ep.in_use_bytes, b[1], 32),
+            cli_bytes(ep.dense_bytes, b[2], 32), cli_bytes(ep.budget_bytes, b[3], 32), p->n_slots,
+            cli_bytes(p->per_slot, b[4], 32), cli_bytes(ep.bookkeeping_bytes, b[5], 32),
+            cli_bytes(ep.margin_bytes, b[6], 32));
+    return true;
+}
 
 static bool load_planned(server *s) {
     gen_opts *o = &s->cfg.gen;
@@ -227,18 +242,21 @@ static bool load_planned(server *s) {
         return false;
     }
     p.expert_cache = ms.moe && want_cache;
+    if (p.expert_cache && o->expert_cache == 0) {
+        unload_model(&s->ld);
+        return load_auto(s, &p);
+    }
     p.weights = p.expert_cache ? ms.dense_bytes : tr_model_weight_bytes(s->ld.model);
     p.weights_mapped = !o->no_mmap && !p.expert_cache;
+    p.experts = p.expert_cache ? o->expert_cache : 0;
     char why[1024];
-    if (!plan_memory(&p, ms.expert_total_bytes, o->expert_cache, why, sizeof why)) {
+    if (!plan_memory(&p, why, sizeof why)) {
         cli_error("serve: %s", why);
         return false;
     }
     if (p.expert_cache || o->no_mmap || o->route_trace) {
         unload_model(&s->ld);
-        gen_opts real = *o;
-        real.expert_cache = p.experts;
-        if (!load_model(&real, &s->ld)) return false;
+        if (!load_model(o, &s->ld)) return false;
         tr_model_get_stats(s->ld.model, &ms);
         if (p.expert_cache) p.experts = ms.expert_budget_bytes;
     }

@@ -65,8 +65,7 @@ static void matmul(tr_model *m, tr_scratch *sc, const tr_mat *W, const float *x,
  * else one matmul each */
 static void matmul_same_input(tr_model *m, tr_scratch *sc, int n, const tr_mat *const *W,
                               const float *x, int32_t rows, float *const *y) {
-    const int gemm_min = m->kern->gemm_min_m;
-    const bool rowwise = sc->n_grp == 0 ? gemm_min > 0 && rows < gemm_min
+    const bool rowwise = sc->n_grp == 0 ? tr_matmul_per_row(m->kern, rows)
                                         : sc->n_grp == 1 && sc->grp_rowwise[0];
     if (rowwise) {
         tr_matmul_rows_multi(m->pool, m->kern, n, W, x, rows, y, sc->mm);

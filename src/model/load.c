@@ -715,7 +715,9 @@ static tr_status setup_experts(tr_model *m, const tr_model_params *p, tr_error *
             .mem_budget = p->mem_budget_bytes,
             .dense_bytes = m->dense_bytes,
             .dense_cache_dropped = m->plan.dense_cache_dropped,
-            .session_bytes = tr_session_estimate_ctx(m, p->session_ctx, p->session_batch),
+            .session_bytes = p->session_bytes ? p->session_bytes
+                                              : tr_session_estimate_ctx(m, p->session_ctx,
+                                                                        p->session_batch),
             /* per expert: the cache's entry, the real policy's and its four shadows' tables,
              * generously; and the two routing-history rings of knn (one in adaptive's shadow) */
             .bookkeeping = (uint64_t)hp->n_layer * (uint64_t)hp->n_expert * 1024 + (4u << 20),

@@ -611,12 +611,11 @@ static tr_status batch_eval(tr_session **sessions, const int32_t *n_tokens, int3
     tr_scratch *sc = &s0->sc;
     /* the groups (session.h): runs of sessions with fewer tokens than the gemm takes share one
      * per-row group, each longer chunk is a group of its own */
-    const int32_t gemm_min = m->kern->gemm_min_m > 0 ? m->kern->gemm_min_m : INT32_MAX;
     sc->n_grp = 0;
     int32_t r = 0, n_out = 0;
     for (int32_t b = 0; b < n_seq; b++) {
         const int32_t n = n_tokens ? n_tokens[b] : 1;
-        const int32_t rowwise = n < gemm_min;
+        const int32_t rowwise = tr_matmul_per_row(m->kern, n);
         if (sc->n_grp > 0 && rowwise && sc->grp_rowwise[sc->n_grp - 1]) {
             sc->grp_end[sc->n_grp - 1] += n;
         } else {

@@ -131,34 +131,32 @@ static void dot_rows(const mm_job *j, const tr_mat *W, float *y, int64_t b, int6
     const tr_vec_dot_nc_fn dot_nc = j->k->vec_dot_nc[W->type];
     const tr_vec_dot_side_fn dot_side = j->side ? j->dot_side : NULL;
     const tr_vec_dot_2r_fn dot_2r = j->k->vec_dot_2r[W->type];
-    {
-        for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
-            const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
-            const int max_nc = dot_side                   ? TR_SIDE_MAX_NC
-                               : j->k->nc_max[W->type] > 0 ? j->k->nc_max[W->type]
-                                                           : TR_MAX_NC;
-            for (int64_t m = 0; m < j->M; m += max_nc) {
-                const int nc = j->M - m < max_nc ? (int)(j->M - m) : max_nc;
-                const char *xq = j->xq + (size_t)m * j->xq_row;
-                int64_t r = r0;
-                /* two rows at once where the family multiplies 2x2 row blocks (one activation
-                 * row would waste half of that) */
-                if (dot_2r && nc >= 2)
-                    for (; r + 2 <= r1; r += 2)
-                        dot_2r(K, nc, y + m * N + r, (size_t)N,
-                               (const char *)W->data + (size_t)r * W->row_bytes, W->row_bytes, xq,
-                               j->xq_row);
-                for (; r < r1; r++) {
-                    const char *row = (const char *)W->data + (size_t)r * W->row_bytes;
-                    if (dot_side) {
-                        dot_side(K, nc, y + m * N + r, (size_t)N, row, xq, j->xq_row,
-                                 j->side + (size_t)m * j->side_row, j->side_row);
-                    } else if (dot_nc) {
-                        dot_nc(K, nc, y + m * N + r, (size_t)N, row, xq, j->xq_row);
-                    } else {
-                        for (int c = 0; c < nc; c++)
-                            dot(K, y + (m + c) * N + r, row, xq + (size_t)c * j->xq_row);
-                    }
+    for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
+        const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
+        const int max_nc = dot_side                   ? TR_SIDE_MAX_NC
+                           : j->k->nc_max[W->type] > 0 ? j->k->nc_max[W->type]
+                                                       : TR_MAX_NC;
+        for (int64_t m = 0; m < j->M; m += max_nc) {
+            const int nc = j->M - m < max_nc ? (int)(j->M - m) : max_nc;
+            const char *xq = j->xq + (size_t)m * j->xq_row;
+            int64_t r = r0;
+            /* two rows at once where the family multiplies 2x2 row blocks (one activation
+             * row would waste half of that) */
+            if (dot_2r && nc >= 2)
+                for (; r + 2 <= r1; r += 2)
+                    dot_2r(K, nc, y + m * N + r, (size_t)N,
+                           (const char *)W->data + (size_t)r * W->row_bytes, W->row_bytes, xq,
+                           j->xq_row);
+            for (; r < r1; r++) {
+                const char *row = (const char *)W->data + (size_t)r * W->row_bytes;
+                if (dot_side) {
+                    dot_side(K, nc, y + m * N + r, (size_t)N, row, xq, j->xq_row,
+                             j->side + (size_t)m * j->side_row, j->side_row);
+                } else if (dot_nc) {
+                    dot_nc(K, nc, y + m * N + r, (size_t)N, row, xq, j->xq_row);
+                } else {
+                    for (int c = 0; c < nc; c++)
+                        dot(K, y + (m + c) * N + r, row, xq + (size_t)c * j->xq_row);
                 }
             }
         }
@@ -222,7 +220,7 @@ static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const
         }
         n_rows = j.first[n_mat];
     }
-    if (gemm && j.k->gemm[W->type] && M >= j.k->gemm_min_m) {
+    if (gemm && j.k->gemm[W->type] && !tr_matmul_per_row(j.k, M)) {
         /* the gemm rows follow the quantized rows (the 64 spare bytes cover the alignment) */
         const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);
         j.ga = (char *)((at + 63) & ~(uintptr_t)63);

@@ -21,6 +21,14 @@ typedef struct tr_mat {
 /* bytes of scratch tr_matmul needs for M activation rows of K elements against type t */
 size_t tr_matmul_scratch_size(tr_type t, int64_t K, int64_t M);
 
+/* Whether M activation rows take the per-row kernels with this family whatever the weight type
+ * (fewer than gemm_min_m rows, or a family without a gemm): per row, each row sums in one order
+ * for every M, so its result does not depend on the rows computed with it. tr_matmul's gate, the
+ * batch's groups (session.h) and the fused per-row products of a step (forward.c) all ask this. */
+static inline bool tr_matmul_per_row(const tr_kernels *kern, int64_t M) {
+    return kern->gemm_min_m <= 0 || M < kern->gemm_min_m;
+}
+
 /* y[m * N + r] = sum_k W[r][k] * x[m * K + k] for m < M, r < N. `kern` NULL = best family. */
 void tr_matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const float *x, int64_t M,
                float *y, void *scratch);
