@@ -184,12 +184,20 @@ def passkey_prompt(n_tokens_target, depth, key, tok_per_filler):
     return text
 
 
+def passkey_args(model, path, ctx, policy, alpha):
+    """`terrace run` of a passkey prompt: the policy selects at every prompt position too, as in
+    perplexity and top-1 (a run's prefill otherwise attends exactly and would measure the
+    8 decode steps' selection only)"""
+    sel = ["--kv-prefill-select"] if policy != "full" else []
+    return [TERRACE, "run", "-m", model, "-f", path, "-n", "8", "--temp", "0", "--no-display-prompt",
+            "-c", str(ctx), *kv_flags(policy, alpha), *sel]
+
+
 def passkey(model, text, ctx, policy, alpha, tmp):
     p = os.path.join(tmp, "passkey.txt")
     with open(p, "w") as f:
         f.write(text)
-    r = sh([TERRACE, "run", "-m", model, "-f", p, "-n", "8", "--temp", "0", "--no-display-prompt",
-            "-c", str(ctx), *kv_flags(policy, alpha)])
+    r = sh(passkey_args(model, p, ctx, policy, alpha))
     return r.stdout
 
 

@@ -158,8 +158,9 @@ int cmd_logits(int argc, char **argv) {
     if (tr_model_load(model, &mp, &m, &err)) goto out;
     tr_session_params sp = session_params(&o);
     /* every position's logits as decoding would compute them there (its own selection); --tail:
-     * the prompt prefilled as a run does (exact), the tail's positions are decode steps */
-    sp.kv.prefill_select = tail < 0;
+     * the prompt prefilled as a run does (exact unless --kv-prefill-select), the tail's
+     * positions are decode steps */
+    sp.kv.prefill_select = tail < 0 || o.kv.prefill_select;
     sp.n_ctx = o.n_ctx ? o.n_ctx : n + (greedy > 0 ? (int32_t)greedy : 0);
     sp.n_batch = o.n_batch ? o.n_batch : 512;
     if (tr_session_create(m, &sp, &s, &err)) goto out;

@@ -97,6 +97,21 @@ def run_all(tmp, cold, sock):
                     tail.get("kv_bytes_read") == 0 and tail.get("plan_mib", 0) > 0 and
                     tail.get("peak_rss_mib", 0) > 0)
             check(summ, f"{label} logits --tail 24: summary fields {sorted(tail)[:12]}")
+            # --kv-prefill-select with --tail: the prompt's rows select as decode steps do (no
+            # exact prefill chunk, as kv_quality.py's rows measure); without it the prompt is
+            # attended exactly, one gather per chunk of -b rows
+            n_chunks = {}
+            for how, extra in (("exact", []), ("select", ["--kv-prefill-select"])):
+                r = subprocess.run([TERRACE, "logits", "-m", path, "--tokens",
+                                    ",".join(map(str, toks)), "--tail", "24", "-b", "64",
+                                    "--kv-policy", "tiered", "--kv-alpha", "0.2", "--kv-hot", "64K",
+                                    "--kv-cold", cold, *extra], capture_output=True, text=True)
+                check(r.returncode == 0, f"{label} logits --tail 24 tiered {how}: {r.stderr.strip()}")
+                n_chunks[how] = json.loads(r.stdout).get("kv_prefill_chunks") if r.returncode == 0 else None
+            want = -(-(len(toks) - 24) // 64)
+            check(n_chunks == {"exact": want, "select": 0},
+                  f"{label} logits --tail 24 tiered: exact prefill chunks {n_chunks} "
+                  f"(want {want} without --kv-prefill-select, 0 with it)")
         for pol in POLICIES:
             for where, extra in (("hot", []), ("cold", ["--kv-hot", "64K", "--kv-cold", cold])):
                 got, e = logits(path, toks, ["--kv-policy", pol, "--kv-alpha", "1", *extra],
@@ -215,6 +230,22 @@ def run_all(tmp, cold, sock):
               for x in line.split(":", 2)[2].split()]
         full, e = logits(REAL, rt, [], os.path.join(tmp, "f.f32"))
         check(full is not None, f"real model full: {e}")
+        # terrace run --kv-prefill-select (kv_quality.py's passkey): the prompt's rows select,
+        # no exact chunk; without it the prefill attends exactly in -b chunks
+        n_chunks = {}
+        for how, extra in (("exact", []), ("select", ["--kv-prefill-select"])):
+            tel = os.path.join(tmp, f"tel-{how}.jsonl")
+            r = subprocess.run([TERRACE, "run", "-m", REAL, "-p", text, "-n", "2", "--ignore-eos",
+                                "--temp", "0", "-b", "32", "--kv-policy", "tiered", "--kv-alpha",
+                                "0.2", "--kv-hot", "1M", "--kv-cold", cold, "--telemetry", tel,
+                                *extra], capture_output=True, text=True)
+            check(r.returncode == 0, f"real model run tiered {how}: {r.stderr.strip()[-300:]}")
+            lines = [x for x in open(tel).read().splitlines() if x.strip()] if r.returncode == 0 else []
+            n_chunks[how] = json.loads(lines[-1]).get("kv_prefill_chunks") if lines else None
+        want = -(-len(rt) // 32)
+        check(n_chunks == {"exact": want, "select": 0},
+              f"real model run tiered: exact prefill chunks {n_chunks} (want {want} without "
+              f"--kv-prefill-select, 0 with it)")
         # The real model is quantized (Q4_1): activation re-quantization turns any float
         # difference into jumps that 30 layers carry on (parity.py). The noise floor is what
         # merely changing the kernel family (summation order) does to the full cache's logits;
