@@ -767,11 +767,15 @@ static bool predict_ref(int t, int j, float *acc) {
             if (!used[d] && S[d] > 0 && S[d] == S[pick[15]]) separated = false;
     for (int i = 0; i < n; i++) {
         const int d = pick[i];
-        const float w = (float)(S[d] * S[d] * S[d]);
-        for (int m = 0; m < PL; m++) {
-            const int src = m > j ? t - d : t - d + 1;
-            for (int q = 0; q < PK; q++) acc[m * PE + hist_sel[src][m][q]] += w;
-        }
+        /* the aligned next visit and the 3 tokens after it, at half the weight per token, up to
+         * what has been routed (layers ahead of j: token t-1; passed: t) */
+        float w = (float)(S[d] * S[d] * S[d]);
+        for (int h = 0; h < 4; h++, w *= 0.5f)
+            for (int m = 0; m < PL; m++) {
+                const int src = (m > j ? t - d : t - d + 1) + h;
+                if (src > (m > j ? t - 1 : t)) continue;
+                for (int q = 0; q < PK; q++) acc[m * PE + hist_sel[src][m][q]] += w;
+            }
     }
     return separated;
 }

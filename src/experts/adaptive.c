@@ -16,7 +16,8 @@
  * every expert the neighbour chose at the aligned next visit: token t-d for the layers still
  * ahead in this token (m > j), t-d+1 for those already passed (m <= j, next visited at t+1). The
  * smallest lag, d = 1, is the recent past itself, so when routing simply repeats, the predictor
- * behaves like recency.
+ * behaves like recency. Each neighbour also votes, at half the weight per token, for its choices
+ * at the few tokens after that visit (HORIZON).
  */
 #include "experts/adaptive.h"
 
@@ -32,6 +33,14 @@
  * of 32 within 0.1 points (0.4 on the shuffled trace, where neighbours mean little), at half the
  * cost */
 #define NEIGH 16
+/* A neighbour votes for what it chose at the aligned next visit and at the HORIZON-1 tokens
+ * after it, the weight halving per token. Belady keeps what is used soonest; a vote for the next
+ * visit alone leaves every expert the neighbours used only a little later at zero, where the
+ * recency tie-break cannot tell them from the ones never used again. Halving makes a neighbour's
+ * nearer use outweigh all of its later ones together (1 > 1/2 + 1/4 + 1/8), so the vote ranks by
+ * the neighbours' reuse distance first; 4 tokens leave what lies beyond below an eighth of a
+ * next-visit vote. */
+#define HORIZON 4
 /* Shadow hits are summed with this weight per token of age: the leader is the rule that did
  * best over the last few dozen tokens, so a change of regime (a new turn, a new topic) is
  * followed within a few tokens while one unlucky token does not flip it. */
@@ -231,11 +240,15 @@ const float *tr_adapt_predict(tr_adapt *a) {
     }
     for (int i = 0; i < n; i++) {
         const double s = a->nb_s[i];
-        const float w = (float)(s * s * s);
+        float w = (float)(s * s * s);
         const int32_t d = a->nb_lag[i];
-        /* layers ahead of j: token t-d's choice; layers passed: token t-d+1's */
-        if (have(a, t - d + 1)) vote(a, slot_of(t - d + 1), 0, j + 1, w);
-        if (have(a, t - d)) vote(a, slot_of(t - d), j + 1, a->L, w);
+        /* h tokens after the aligned next visit: layers ahead of j, token t-d+h's choice (up to
+         * the last complete token, t-1); layers passed, token t-d+1+h's (up to t's own) */
+        for (int32_t h = 0; h < HORIZON; h++, w *= 0.5f) {
+            if (t - d + 1 + h <= t && have(a, t - d + 1 + h))
+                vote(a, slot_of(t - d + 1 + h), 0, j + 1, w);
+            if (t - d + h < t && have(a, t - d + h)) vote(a, slot_of(t - d + h), j + 1, a->L, w);
+        }
     }
     return a->acc;
 }
