@@ -24,6 +24,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "experts/policy_internal.h"
@@ -173,13 +176,54 @@ __attribute__((target("popcnt"))) static void sim_w1_popcnt(int32_t *S, const ui
 }
 #endif
 
-/* the update the CPU runs fastest (TERRACE_ISA=scalar keeps the reference, as for the kernels) */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* S[d] += sign * |m & hist[(t0 - d) mod HIST]| for d = 1..dmax, eight lags per instruction
+ * (AVX512_VPOPCNTDQ): the lags d..d+7 read the ring slots t0-d-7..t0-d, one load reversed,
+ * unless they wrap around the ring's start, where (as in the tail) the lags go one by one. */
+__attribute__((target("avx512f,avx512vpopcntdq,popcnt"))) static void
+sim_pass_vpopcnt(int32_t *S, const uint64_t *hist, uint64_t m, int32_t t0, int32_t dmax,
+                 bool add) {
+    const __m512i mv = _mm512_set1_epi64((long long)m);
+    const __m512i rev = _mm512_set_epi64(0, 1, 2, 3, 4, 5, 6, 7); /* lane k <- lane 7 - k */
+    int32_t d = 1;
+    while (d <= dmax) {
+        const int32_t hi = (t0 - d) & (HIST - 1);
+        if (d + 7 <= dmax && hi >= 7) {
+            const __m512i h = _mm512_permutexvar_epi64(rev, _mm512_loadu_si512(hist + hi - 7));
+            const __m256i c = _mm512_cvtepi64_epi32(_mm512_popcnt_epi64(_mm512_and_si512(h, mv)));
+            __m256i *sp = (__m256i *)(void *)(S + d);
+            const __m256i sv = _mm256_loadu_si256(sp);
+            _mm256_storeu_si256(sp, add ? _mm256_add_epi32(sv, c) : _mm256_sub_epi32(sv, c));
+            d += 8;
+        } else {
+            const int32_t n = __builtin_popcountll(m & hist[hi]);
+            S[d] += add ? n : -n;
+            d++;
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx512vpopcntdq,popcnt"))) static void
+sim_w1_vpopcnt(int32_t *S, const uint64_t *hist, uint64_t cur, uint64_t prev, int32_t ts,
+               int32_t dmax) {
+    /* the incoming term, then the outgoing one: the sums are integers, so the order of the two
+     * passes gives the same S as the reference's one pass */
+    sim_pass_vpopcnt(S, hist, cur, ts, dmax, true);
+    sim_pass_vpopcnt(S, hist, prev, ts - 1, dmax, false);
+}
+#endif
+
+/* the update the CPU runs fastest. TERRACE_ISA lowers the choice as for the kernels: "scalar"
+ * keeps the reference, "avx2" the POPCNT one (no AVX-512). */
 static void choose_sim(tr_adapt *a) {
     a->sim_w1 = sim_w1_ref;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     const char *isa = getenv("TERRACE_ISA");
-    if (__builtin_cpu_supports("popcnt") && !(isa && !strcmp(isa, "scalar")))
-        a->sim_w1 = sim_w1_popcnt;
+    if (isa && !strcmp(isa, "scalar")) return;
+    if (__builtin_cpu_supports("popcnt")) a->sim_w1 = sim_w1_popcnt;
+    if (isa && !strcmp(isa, "avx2")) return;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vpopcntdq"))
+        a->sim_w1 = sim_w1_vpopcnt;
 #endif
 }
 
