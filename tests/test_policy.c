@@ -767,22 +767,27 @@ static bool predict_ref(int t, int j, float *acc) {
             if (!used[d] && S[d] > 0 && S[d] == S[pick[15]]) separated = false;
     for (int i = 0; i < n; i++) {
         const int d = pick[i];
-        const float w = (float)(S[d] * S[d] * S[d]);
-        for (int m = 0; m < PL; m++) {
-            const int src = m > j ? t - d : t - d + 1;
-            for (int q = 0; q < PK; q++) acc[m * PE + hist_sel[src][m][q]] += w;
-        }
+        /* the aligned next visit and the 3 tokens after it, at half the weight per token, up to
+         * what has been routed (layers ahead of j: token t-1; passed: t) */
+        float w = (float)(S[d] * S[d] * S[d]);
+        for (int h = 0; h < 4; h++, w *= 0.5f)
+            for (int m = 0; m < PL; m++) {
+                const int src = (m > j ? t - d : t - d + 1) + h;
+                if (src > (m > j ? t - 1 : t)) continue;
+                for (int q = 0; q < PK; q++) acc[m * PE + hist_sel[src][m][q]] += w;
+            }
     }
     return separated;
 }
 
-/* scalar: the similarity update's reference (TERRACE_ISA=scalar) instead of the one the CPU runs
- * fastest */
-static tr_adapt *adapt_create_isa(int32_t L, int32_t E, int32_t K, bool scalar) {
+/* isa: TERRACE_ISA while the predictor is created ("scalar": the similarity update's reference,
+ * "avx2": the POPCNT one), NULL for the one the CPU runs fastest */
+static tr_adapt *adapt_create_isa(int32_t L, int32_t E, int32_t K, const char *isa) {
     const char *was = getenv("TERRACE_ISA");
     char keep[64] = "";
     if (was) snprintf(keep, sizeof keep, "%s", was);
-    if (scalar) setenv("TERRACE_ISA", "scalar", 1);
+    if (isa) setenv("TERRACE_ISA", isa, 1);
+    else unsetenv("TERRACE_ISA");
     tr_adapt *a = tr_adapt_create(L, E, K);
     if (was) setenv("TERRACE_ISA", keep, 1);
     else unsetenv("TERRACE_ISA");
@@ -791,7 +796,7 @@ static tr_adapt *adapt_create_isa(int32_t L, int32_t E, int32_t K, bool scalar) 
 
 static void test_knn_predictor(bool scalar) {
     tu_rng rng = {11};
-    tr_adapt *a = adapt_create_isa(PL, PE, PK, scalar);
+    tr_adapt *a = adapt_create_isa(PL, PE, PK, scalar ? "scalar" : NULL);
     TU_CHECK(a != NULL, "tr_adapt_create");
     if (!a) return;
     float want[PL * PE];
@@ -838,9 +843,9 @@ static void test_knn_predictor(bool scalar) {
 
 /* The similarity update the CPU runs fastest against its reference, past the history ring's
  * wrap (HIST = 512 tokens): the same routing gives bit-identical predictions at every step. */
-static void test_similarity_variants(void) {
+static void test_similarity_variants(const char *isa) {
     enum { L = 5, E = 40, K = 4, TOK = 1300 };
-    tr_adapt *fast = adapt_create_isa(L, E, K, false), *slow = adapt_create_isa(L, E, K, true);
+    tr_adapt *fast = adapt_create_isa(L, E, K, isa), *slow = adapt_create_isa(L, E, K, "scalar");
     TU_CHECK(fast && slow, "tr_adapt_create");
     if (!fast || !slow) {
         tr_adapt_free(fast);
@@ -873,10 +878,11 @@ static void test_similarity_variants(void) {
                              sizeof(float) * L * E) != 0;
             steps++;
         }
-    TU_CHECK(differ == 0, "similarity update: fastest and reference predictions differ at %d of "
-             "%d steps", differ, steps);
-    printf("  similarity update: fastest and reference agree bit for bit at %d layer steps (%d "
-           "tokens)\n", steps, TOK);
+    const char *name = isa ? isa : "fastest";
+    TU_CHECK(differ == 0, "similarity update: %s and reference predictions differ at %d of %d steps",
+             name, differ, steps);
+    printf("  similarity update: %s and reference agree bit for bit at %d layer steps (%d "
+           "tokens)\n", name, steps, TOK);
     tr_adapt_free(fast);
     tr_adapt_free(slow);
 }
@@ -1363,7 +1369,8 @@ int main(int argc, char **argv) {
     test_cliff();
     test_knn_predictor(false);
     test_knn_predictor(true);
-    test_similarity_variants();
+    test_similarity_variants(NULL);
+    test_similarity_variants("avx2");
     test_adaptive_follows();
     test_protect();
     test_no_alloc();

@@ -6,7 +6,7 @@
  *   adaptive  set dueling: the candidate rules knn, layered, lfu and lru each run a shadow cache
  *             of the same budget on metadata only (which experts would be resident; no data is
  *             moved); the real cache evicts by the rule whose shadow had the most decode hits
- *             lately
+ *             lately (a challenger must lead by more than the score's noise to take over)
  *
  * Why a neighbour predictor. A router's choice is a function of the hidden state, and the hidden
  * state of a token shows in the experts every layer chose for it: the routing of the last
@@ -16,7 +16,8 @@
  * on the layers already computed plus token t-1's on the rest; it is compared with the same
  * window ending 1 to HIST tokens earlier (experts chosen by both, layer by layer), and the
  * neighbours' next choices, weighted by that overlap cubed, vote for each expert's use at its
- * layer's next visit. Experts no neighbour chose are ordered by their LRFU value.
+ * layer's next visit (and, at half the weight per token, at the few visits after it). Experts no
+ * neighbour chose are ordered by their LRFU value.
  *
  * Why dueling. No rule wins everywhere: routing whose popular experts stay popular favours LFU,
  * routing whose popular set keeps moving favours LRU, the shared Qwen3 trace favours layered and
@@ -25,7 +26,7 @@
  *
  * Cost: the fingerprint is one bitmask per (token, layer); updating the similarity of every lag
  * is two popcounts per lag per layer step; a prediction (only at steps that evict) takes the
- * NEIGH most similar lags and adds their choices: NEIGH x n_layer x top-k. Victims come from one
+ * NEIGH most similar lags and adds their choices: NEIGH x HORIZON x n_layer x top-k. Victims come from one
  * scan of the evictable items per layer step. The shadows are ordinary policies (knn's scans like
  * the real cache, with the same predictor), fed each step's lookups when the next step begins,
  * on a sample of at most 8 layers. A cache whose layers fall into several size classes (one policy

@@ -30,13 +30,9 @@ import time
 TOL = 0.5  # points
 # Generated-trace cells where the default is known to miss the floor (the goal is not met there):
 # (trace, budget / T rounded to 0.01) -> the least margin over max(LRU, LFU) still accepted, so
-# they cannot get worse unnoticed. Both are inversions of the shared trace built so that no rule
-# stays right for long (route_traces.py), which makes them machine-independent. A cell listed
-# here that reaches the floor is reported, so the entry can go.
-KNOWN_SHORT = {
-    ("qwen3-30b-a3b-mixed.route.csv", 0.96): -0.65,      # measured -0.59
-    ("qwen3-30b-a3b-relabeled.route.csv", 2.55): -0.60,  # measured -0.53
-}
+# they cannot get worse unnoticed (the replays are machine-independent). None at present: every
+# cell meets the floor. A cell listed here that reaches the floor is reported, so the entry can go.
+KNOWN_SHORT = {}
 HERE = os.path.dirname(os.path.abspath(__file__))
 CURVE_MIB = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000, 6000, 8000]
 SHARED_T_MIB = 785  # the shared trace's working set: the curve's budgets relative to it
