@@ -89,6 +89,12 @@ tr_status tr_kv_append(tr_kv *kv, int32_t layer, int32_t pos, const float *k, co
 /* attention of one layer's query rows; the policy decides which keys take part. pool: the
  * threads to compute on (NULL: the caller's thread) */
 tr_status tr_kv_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error *err);
+/* the queries of n caches (distinct, one layer): what tr_kv_attend of each in turn computes,
+ * caches of the full policy TR_KV_ATTEND_MANY_MAX at a time in one pool run (a batched decode
+ * step: the threads share every session's tiles, and wake once) */
+#define TR_KV_ATTEND_MANY_MAX 64
+tr_status tr_kv_attend_many(tr_kv *const *kvs, tr_pool *pool, const tr_kv_query *qs, int n,
+                            tr_error *err);
 /* drop positions >= n in every layer (h2o: tokens evicted before n stay evicted) */
 tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err);
 /* the whole cache (every layer, both pools) to / from one file; restore needs the same shape,

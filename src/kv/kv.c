@@ -422,6 +422,30 @@ tr_status tr_kv_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error 
     return kv->ops->attend(kv, pool, q, err);
 }
 
+tr_status tr_kv_attend_many(tr_kv *const *kvs, tr_pool *pool, const tr_kv_query *qs, int n,
+                            tr_error *err) {
+    for (int i = 0; i < n;) {
+        /* a run of full caches goes together; any other policy attends on its own */
+        int e = i;
+        while (e < n && e - i < TR_KV_ATTEND_MANY_MAX && kvs[e]->ops->attend == tr_kv_full_attend)
+            e++;
+        tr_status st;
+        if (e - i > 1) {
+            for (int k = i; k < e; k++)
+                if (qs[k].layer < 0 || qs[k].layer >= kvs[k]->shape.n_layer || qs[k].rows < 1 ||
+                    !qs[k].pos || !qs[k].q || !qs[k].out)
+                    return tr_kv_attend(kvs[k], pool, &qs[k], err); /* its message */
+            st = tr_kv_full_attend_many(kvs + i, pool, qs + i, e - i, err);
+        } else {
+            st = tr_kv_attend(kvs[i], pool, &qs[i], err);
+            e = i + 1;
+        }
+        if (st) return st;
+        i = e;
+    }
+    return TR_OK;
+}
+
 tr_status tr_kv_truncate(tr_kv *kv, int32_t n, tr_error *err) {
     if (n < 0) return tr_fail(err, TR_E_ARG, "KV truncate to %d", n);
     return kv->ops->truncate(kv, n, err);

@@ -75,6 +75,9 @@ tr_status tr_kv_full_create(tr_kv *kv, tr_error *err);
 /* the full policy's attention, which is the forward pass's attention for it (kv_full.c): every
  * visible key of each row, llama.cpp's non-flash numerics */
 tr_status tr_kv_full_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error *err);
+/* the same for n <= TR_KV_ATTEND_MANY_MAX caches of the full policy, in one pool run */
+tr_status tr_kv_full_attend_many(tr_kv *const *kvs, tr_pool *pool, const tr_kv_query *qs, int n,
+                                 tr_error *err);
 tr_status tr_kv_pooled_create(tr_kv *kv, const tr_kv_plan *pl, tr_error *err);
 
 /* big buffers on transparent huge pages, zeroed; *total counts the bytes */

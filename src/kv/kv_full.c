@@ -123,59 +123,141 @@ static void attend_tile(attn_job *j, int ith, int32_t r0, int32_t r1, int32_t kv
     tr_attn_f16_of(kv->kern)(n, qs, &akv, F->scratch + (size_t)ith * F->attn_floats);
 }
 
+/* task b of a query's tiles (the last row blocks first: they see the most keys, and the threads
+ * then finish together) */
+static void run_task(attn_job *j, int ith, int64_t b) {
+    const full *F = j->kv->pol;
+    const int32_t layer = j->q->layer;
+    const int32_t G = F->n_head[layer] / F->n_head_kv[layer];
+    const int64_t per_block = (int64_t)F->n_head_kv[layer] * j->n_sub;
+    const int32_t blk = j->n_blocks - 1 - (int32_t)(b / per_block);
+    const int32_t kvh = (int32_t)(b % per_block / j->n_sub), sub = (int32_t)(b % j->n_sub);
+    const int32_t h0 = kvh * G + sub * j->heads_per_task;
+    const int32_t h1 = h0 + j->heads_per_task < (kvh + 1) * G ? h0 + j->heads_per_task : (kvh + 1) * G;
+    const int32_t r0 = blk * j->rows_per_block;
+    const int32_t r1 = r0 + j->rows_per_block < j->q->rows ? r0 + j->rows_per_block : j->q->rows;
+    attend_tile(j, ith, r0, r1, kvh, h0, h1);
+}
+
+static int64_t n_tasks(const attn_job *j) {
+    const full *F = j->kv->pol;
+    return (int64_t)j->n_blocks * F->n_head_kv[j->q->layer] * j->n_sub;
+}
+
 static void attn_task(void *ctx, int ith, int nth) {
     (void)nth;
     attn_job *j = ctx;
     const full *F = j->kv->pol;
     if (ith >= F->nth) return; /* a pool bigger than planned: the others do the work */
-    const int32_t layer = j->q->layer;
-    const int32_t G = F->n_head[layer] / F->n_head_kv[layer];
-    const int64_t per_block = (int64_t)F->n_head_kv[layer] * j->n_sub;
-    const int64_t total = (int64_t)j->n_blocks * per_block;
     int64_t b, e;
-    while (tr_claim(&j->next, total, 1, &b, &e)) {
-        /* the last blocks first: they see the most keys, and the threads then finish together */
-        const int32_t blk = j->n_blocks - 1 - (int32_t)(b / per_block);
-        const int32_t kvh = (int32_t)(b % per_block / j->n_sub), sub = (int32_t)(b % j->n_sub);
-        const int32_t h0 = kvh * G + sub * j->heads_per_task;
-        const int32_t h1 = h0 + j->heads_per_task < (kvh + 1) * G ? h0 + j->heads_per_task : (kvh + 1) * G;
-        const int32_t r0 = blk * j->rows_per_block;
-        const int32_t r1 = r0 + j->rows_per_block < j->q->rows ? r0 + j->rows_per_block : j->q->rows;
-        attend_tile(j, ith, r0, r1, kvh, h0, h1);
-    }
+    while (tr_claim(&j->next, n_tasks(j), 1, &b, &e)) run_task(j, ith, b);
 }
 
-tr_status tr_kv_full_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error *err) {
+/* the row blocks of a query and the query heads per tile: one tile per KV head and block of rows
+ * where that gives the threads enough tiles (`tiles_elsewhere`: the tiles run beside it in the
+ * same pool run), else smaller head groups. Not more splitting than that: each tile converts its
+ * KV head's keys and values to f32 once for all its query heads, so a split repeats that per
+ * group (SmolLM2, GQA 3, 2 threads: one tile per KV head, 3 tiles, measured 3-15 % faster per
+ * decode step than 9 one-head tiles); each query's result is the same in any grouping */
+static void plan_tiles(attn_job *j, int nth, int64_t tiles_elsewhere) {
+    const full *F = j->kv->pol;
+    const int32_t G = F->n_head[j->q->layer] / F->n_head_kv[j->q->layer];
+    const int64_t n_kv = F->n_head_kv[j->q->layer];
+    j->heads_per_task = G < TR_ATTN_MAX_Q ? G : TR_ATTN_MAX_Q;
+    j->rows_per_block = TR_ATTN_MAX_Q / j->heads_per_task;
+    j->n_blocks = (j->q->rows + j->rows_per_block - 1) / j->rows_per_block;
+    while (j->heads_per_task > 1 &&
+           tiles_elsewhere + (int64_t)j->n_blocks * n_kv *
+                                 ((G + j->heads_per_task - 1) / j->heads_per_task) < nth)
+        j->heads_per_task = (j->heads_per_task + 1) / 2;
+    j->n_sub = (G + j->heads_per_task - 1) / j->heads_per_task;
+    atomic_init(&j->next, 0);
+}
+
+static tr_status check_rows(const tr_kv *kv, const tr_kv_query *q, tr_error *err) {
     const full *F = kv->pol;
     for (int32_t r = 0; r < q->rows; r++)
         if (q->pos[r] < 0 || q->pos[r] >= F->len[q->layer])
             return tr_fail(err, TR_E_ARG,
                            "KV attend: row %d at position %d, layer %d holds %d positions", r,
                            q->pos[r], q->layer, F->len[q->layer]);
+    return TR_OK;
+}
+
+tr_status tr_kv_full_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error *err) {
+    tr_status st = check_rows(kv, q, err);
+    if (st) return st;
     const uint64_t t0 = tr_now_ns();
-    const int32_t G = F->n_head[q->layer] / F->n_head_kv[q->layer];
     const int nth = pool ? tr_pool_size(pool) : 1;
     attn_job j = {.kv = kv, .q = q};
-    j.heads_per_task = G < TR_ATTN_MAX_Q ? G : TR_ATTN_MAX_Q;
-    j.rows_per_block = TR_ATTN_MAX_Q / j.heads_per_task;
-    j.n_blocks = (q->rows + j.rows_per_block - 1) / j.rows_per_block;
-    /* decode: fewer tiles than threads -> smaller head groups. Not more splitting than that:
-     * each tile converts its KV head's keys and values to f32 once for all its query heads, so
-     * a split repeats that per group (SmolLM2, GQA 3, 2 threads: one tile per KV head, 3 tiles,
-     * measured 3-15 % faster per decode step than 9 one-head tiles); each query's result is the
-     * same in any grouping */
-    while (j.heads_per_task > 1 &&
-           (int64_t)j.n_blocks * F->n_head_kv[q->layer] * ((G + j.heads_per_task - 1) / j.heads_per_task) <
-               nth)
-        j.heads_per_task = (j.heads_per_task + 1) / 2;
-    j.n_sub = (G + j.heads_per_task - 1) / j.heads_per_task;
-    atomic_init(&j.next, 0);
+    plan_tiles(&j, nth, 0);
     if (pool)
         tr_pool_run(pool, attn_task, &j);
     else
         attn_task(&j, 0, 1);
     kv->steps++;
     kv->attn_ns += tr_now_ns() - t0;
+    return TR_OK;
+}
+
+/* the queries of several caches in one pool run: the tiles of all of them claimed from one
+ * counter, so that the threads share a batched decode step's attention evenly (one session's
+ * decode row has a tile per KV head: 3 for SmolLM2, which 2 threads split 2 to 1) and wake once
+ * per layer instead of once per session */
+typedef struct many_job {
+    attn_job sub[TR_KV_ATTEND_MANY_MAX];
+    int64_t first[TR_KV_ATTEND_MANY_MAX + 1]; /* task indices of sub[i]: [first[i], first[i + 1]) */
+    int n, nth_min; /* nth_min: the fewest threads any of the caches has scratch for */
+    atomic_int_fast64_t next;
+} many_job;
+
+static void many_task(void *ctx, int ith, int nth) {
+    (void)nth;
+    many_job *m = ctx;
+    if (ith >= m->nth_min) return;
+    int64_t b, e;
+    int i = 0;
+    while (tr_claim(&m->next, m->first[m->n], 1, &b, &e)) {
+        while (b >= m->first[i + 1]) i++; /* claims only grow */
+        run_task(&m->sub[i], ith, b - m->first[i]);
+    }
+}
+
+tr_status tr_kv_full_attend_many(tr_kv *const *kvs, tr_pool *pool, const tr_kv_query *qs, int n,
+                                 tr_error *err) {
+    if (n < 1 || n > TR_KV_ATTEND_MANY_MAX)
+        return tr_fail(err, TR_E_INTERNAL, "KV attend: %d caches in one run (1..%d)", n,
+                       TR_KV_ATTEND_MANY_MAX);
+    for (int i = 0; i < n; i++) {
+        tr_status st = check_rows(kvs[i], &qs[i], err);
+        if (st) return st;
+    }
+    const uint64_t t0 = tr_now_ns();
+    const int nth = pool ? tr_pool_size(pool) : 1;
+    many_job m = {.n = n, .nth_min = nth};
+    m.first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        attn_job *j = &m.sub[i];
+        j->kv = kvs[i];
+        j->q = &qs[i];
+        const full *F = kvs[i]->pol;
+        /* every other query has a tile per KV head at least: they count towards the threads'
+         * share */
+        plan_tiles(j, nth, (int64_t)(n - 1) * F->n_head_kv[qs[i].layer]);
+        m.first[i + 1] = m.first[i] + n_tasks(j);
+        if (F->nth < m.nth_min) m.nth_min = F->nth;
+    }
+    atomic_init(&m.next, 0);
+    if (pool)
+        tr_pool_run(pool, many_task, &m);
+    else
+        many_task(&m, 0, 1);
+    /* the run's time, shared among the caches it served */
+    const uint64_t dt = (tr_now_ns() - t0) / (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        kvs[i]->steps++;
+        kvs[i]->attn_ns += dt;
+    }
     return TR_OK;
 }
 

@@ -217,7 +217,8 @@ static tr_status next_queries(void *ctx, int32_t layer, int32_t row0, int32_t ro
 }
 
 /* each session's KV cache attends its rows of the layer; consecutive rows of one session go
- * together (a prefill chunk, or one row of a batched decode step) */
+ * together (a prefill chunk, or one row of a batched decode step), and the sessions of a step
+ * together (tr_kv_attend_many: one pool run for all of them where their policy allows it) */
 static tr_status attend_rows(tr_model *m, tr_scratch *sc, int32_t l, int32_t rows,
                              tr_error *err) {
     const tr_hparams *hp = &m->hp;
@@ -226,23 +227,30 @@ static tr_status attend_rows(tr_model *m, tr_scratch *sc, int32_t l, int32_t row
     const size_t o_stride = (size_t)hp->n_head_max * hp->head_dim_v;
     next_ctx nc = {.m = m, .sc = sc, .rows = rows};
     sc->qs_layer = -1;
+    tr_kv *kvs[TR_KV_ATTEND_MANY_MAX];
+    tr_kv_query qs[TR_KV_ATTEND_MANY_MAX];
+    int n = 0;
     for (int32_t r0 = 0, r1; r0 < rows; r0 = r1) {
         r1 = session_rows_end(sc, r0, rows);
-        const tr_kv_query q = {.layer = l,
-                               .rows = r1 - r0,
-                               .pos = sc->row_pos + r0,
-                               .q = sc->q + (size_t)r0 * q_stride,
-                               .q_stride = q_stride,
-                               .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale,
-                               .sinks = L->sinks,
-                               .swa = L->swa ? hp->n_swa : 0,
-                               .out = sc->att + (size_t)r0 * o_stride,
-                               .out_stride = o_stride,
-                               .next = sc->qs[0] && l + 1 < hp->n_layer ? next_queries : NULL,
-                               .next_ctx = &nc,
-                               .next_row0 = r0};
-        tr_status st = tr_kv_attend(sc->row_sess[r0]->kv, m->pool, &q, err);
-        if (st) return st;
+        kvs[n] = sc->row_sess[r0]->kv;
+        qs[n++] = (tr_kv_query){.layer = l,
+                                .rows = r1 - r0,
+                                .pos = sc->row_pos + r0,
+                                .q = sc->q + (size_t)r0 * q_stride,
+                                .q_stride = q_stride,
+                                .scale = m->arch->q_prescale ? 1.0f : hp->attn_scale,
+                                .sinks = L->sinks,
+                                .swa = L->swa ? hp->n_swa : 0,
+                                .out = sc->att + (size_t)r0 * o_stride,
+                                .out_stride = o_stride,
+                                .next = sc->qs[0] && l + 1 < hp->n_layer ? next_queries : NULL,
+                                .next_ctx = &nc,
+                                .next_row0 = r0};
+        if (n == TR_KV_ATTEND_MANY_MAX || r1 == rows) {
+            tr_status st = tr_kv_attend_many(kvs, m->pool, qs, n, err);
+            if (st) return st;
+            n = 0;
+        }
     }
     return TR_OK;
 }
