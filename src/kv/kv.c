@@ -414,12 +414,18 @@ tr_status tr_kv_append(tr_kv *kv, int32_t layer, int32_t pos, const float *k, co
     return kv->ops->append(kv, layer, k, v, err);
 }
 
-tr_status tr_kv_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error *err) {
+/* what every attention call checks before the policy sees its query */
+static tr_status check_query(const tr_kv *kv, const tr_kv_query *q, tr_error *err) {
     if (q->layer < 0 || q->layer >= kv->shape.n_layer)
         return tr_fail(err, TR_E_ARG, "KV attend: layer %d of %d", q->layer, kv->shape.n_layer);
     if (q->rows < 1 || !q->pos || !q->q || !q->out)
         return tr_fail(err, TR_E_ARG, "KV attend: %d rows", q->rows);
-    return kv->ops->attend(kv, pool, q, err);
+    return TR_OK;
+}
+
+tr_status tr_kv_attend(tr_kv *kv, tr_pool *pool, const tr_kv_query *q, tr_error *err) {
+    tr_status st = check_query(kv, q, err);
+    return st ? st : kv->ops->attend(kv, pool, q, err);
 }
 
 tr_status tr_kv_attend_many(tr_kv *const *kvs, tr_pool *pool, const tr_kv_query *qs, int n,
@@ -432,9 +438,7 @@ tr_status tr_kv_attend_many(tr_kv *const *kvs, tr_pool *pool, const tr_kv_query 
         tr_status st;
         if (e - i > 1) {
             for (int k = i; k < e; k++)
-                if (qs[k].layer < 0 || qs[k].layer >= kvs[k]->shape.n_layer || qs[k].rows < 1 ||
-                    !qs[k].pos || !qs[k].q || !qs[k].out)
-                    return tr_kv_attend(kvs[k], pool, &qs[k], err); /* its message */
+                if ((st = check_query(kvs[k], &qs[k], err))) return st;
             st = tr_kv_full_attend_many(kvs + i, pool, qs + i, e - i, err);
         } else {
             st = tr_kv_attend(kvs[i], pool, &qs[i], err);
