@@ -5,7 +5,8 @@ prompt prefilled, then 128 tokens decoded greedily, for each KV policy on the sa
 Policies: full (every token in DRAM, the reference), offload, tiered and tiered + the storage
 agent (--csd) with the hot pool --kv-policy auto picks under the memory budget, and auto under
 that budget (--mem-budget, below what the full KV needs). Per run: prefill time, decode tok/s,
-bytes read from storage in prefill and in decode, peak RSS (VmHWM), the plan's total, and how
+bytes read from storage in prefill and in decode, peak RSS (VmHWM), the plan's total for this
+process without its margin (with the agent, its own plan and peak RSS apart: its process), and how
 many of the 128 generated tokens equal full's greedy continuation (the agreeing prefix). Then
 the quality on the same text, teacher-forced: the prompt followed by the next N_GEN tokens of the
 King James text, through `terrace logits --tail N_GEN` with each policy's flags (the prompt
@@ -151,6 +152,7 @@ def one_pass_end(name, flags, p, out):
     g = {"flags": flags, "prompt": d["prompt"], "prefill_s": d["prefill_ms"] / 1e3,
          "decode_tok_s": 1e3 * d["decode_steps"] / d["decode_ms"], "rss": d["peak_rss_mib"],
          "plan": d["plan_mib"], "note": note.group(1) if note else "", "ids": None,
+         "agent": (d.get("agent_plan_mib", 0.0), d.get("agent_peak_rss_mib", 0.0)),
          "read_prefill": d["kv_prefill_bytes_read"] / 2**20,
          "bound": d["kv_prefill_read_bound"] / 2**20, "chunks": d["kv_prefill_chunks"],
          "read_decode": (d["kv_bytes_read"] - d["kv_prefill_bytes_read"]) / 2**20,
@@ -172,6 +174,9 @@ def measure(name, m, pf, ctx, flags, tele, env):
     g["rss"] = float(re.search(r"peak RSS ([\d.]+) MiB", err).group(1))
     pl = re.search(r"plan without the margin ([\d.]+) MiB", err)
     g["plan"] = float(pl.group(1)) if pl else 0.0
+    ag = re.search(r"storage agent \(pid \d+, its own process\): plan ([\d.]+) MiB of its own, "
+                   r"peak RSS ([\d.]+) MiB", err)
+    g["agent"] = (float(ag.group(1)), float(ag.group(2))) if ag else (0.0, 0.0)
     note = re.search(r"kv cache auto: (.*)", err)
     g["note"] = note.group(1) if note else ""
     hot = re.search(r"tiered, hot pool ([\d.]+) MiB", err)
@@ -276,10 +281,10 @@ def main():
               f"{f', {JOBS} policies at a time' if JOBS > 1 else ''}\n")
         print(f"auto: {auto_note}\n")
         print("| policy | prefill | vs full | decode tok/s | vs full | read in prefill | bound "
-              "| read in decode | cold pool | peak RSS | plan (no margin) | "
+              "| read in decode | cold pool | peak RSS | plan (no margin) | the agent's own: plan / peak RSS | "
               + ("" if ONE_PASS else f"tokens = full's (prefix of {N_GEN}) | ")
               + f"ppl, next {n_after} tokens of the text | top-1 = full's |")
-        print("|---|" + "---:|" * (12 if ONE_PASS else 13))
+        print("|---|" + "---:|" * (13 if ONE_PASS else 14))
         rows = []
         for name in names:
             g = res[name]
@@ -305,7 +310,9 @@ def main():
             print(f"| {name} | {g['prefill_s']:.2f} s | {pre} | {g['decode_tok_s']:.2f} | {dec} | "
                   f"{g['read_prefill']:.1f} MiB | {g['bound']:.1f} MiB in {g['chunks']} chunks | "
                   f"{g['read_decode']:.1f} MiB | {g['cold']:.1f} MiB | "
-                  f"{g['rss']:.1f} MiB | {g['plan']:.1f} MiB | {agree}{q} |", flush=True)
+                  f"{g['rss']:.1f} MiB | {g['plan']:.1f} MiB | "
+                  f"{f'{ag[0]:.1f} / {ag[1]:.1f} MiB' if (ag := g.get('agent', (0, 0)))[0] else '—'} | "
+                  f"{agree}{q} |", flush=True)
             rows.append({k: v for k, v in g.items() if k not in ("qual", "ids", "prompt_ids")} |
                         {"name": name, "case": key, "ppl": q.split(" | ")[0],
                          "top1_vs_full": q.split(" | ")[1]})

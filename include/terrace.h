@@ -481,6 +481,8 @@ typedef struct tr_kv_stats {
      * they read from storage; the sum over them of the cold pool's bytes at the call (each call
      * reads each cold page at most once, so prefill_bytes_read <= prefill_read_bound) */
     uint64_t prefill_chunks, prefill_bytes_read, prefill_read_bound;
+    /* the storage agent's process (0: none), for figures of its own such as its peak RSS */
+    int32_t csd_pid;
 } tr_kv_stats;
 
 typedef enum tr_kv_stats_style {
@@ -529,18 +531,24 @@ typedef struct tr_mem_plan {
                                  --experts mmap) */
     uint64_t expert_cache_bytes; /* the expert cache's budget (MoE with the cache; 0 otherwise) */
     uint64_t expert_spill_bytes; /* routed experts left on storage */
-    uint64_t kv_bytes;        /* KV in DRAM: full's arrays, or the pooled plan (hot pool,
-                                 working set, key copy, bookkeeping) */
+    uint64_t kv_bytes;        /* KV in this process's DRAM: full's arrays, or the pooled plan
+                                 (hot pool, working set, key copy, bookkeeping, the region
+                                 shared with the storage agent) */
     uint64_t kv_full_bytes;   /* what every token hot (full) would take */
     uint64_t kv_hot_bytes;    /* the hot pool (pooled policies) */
     uint64_t kv_cold_bytes;   /* the cold pool on storage */
     uint64_t scratch_bytes;   /* the forward pass's */
     uint64_t margin_bytes;
-    uint64_t total_bytes;     /* weights + expert cache + KV + scratch + process + margin */
+    uint64_t total_bytes;     /* weights + expert cache + KV + the agent's + scratch + process
+                                 + margin: what the budget holds */
     tr_kv_policy kv_policy;   /* auto resolved */
     int32_t n_ctx, n_batch;
     uint64_t process_bytes;   /* the process's own resident pages when the model began loading
                                  (code, libraries, stacks, the host program's memory): measured */
+    uint64_t kv_agent_bytes;  /* the storage agent's own memory (--csd): on this machine, under
+                                 the same budget, but in its process, so this one's peak RSS
+                                 does not hold it (total_bytes - margin_bytes - kv_agent_bytes is
+                                 this process's) */
 } tr_mem_plan;
 /* the plan of a session with these parameters on this model, nothing allocated; a budget that
  * cannot hold it is TR_E_BUDGET naming the minimum */

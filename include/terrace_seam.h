@@ -74,9 +74,12 @@ typedef struct tr_kv_query {
 tr_status tr_kv_create(const tr_kv_shape *shape, const tr_kv_params *params, tr_kv **out,
                        tr_error *err);
 void tr_kv_free(tr_kv *kv);
-/* bytes a configuration needs in DRAM (everything create allocates, the storage agent's own memory
- * included when it runs here); 0 if the shape or the parameters are invalid */
+/* bytes a configuration needs in DRAM in this process (everything create allocates, the region
+ * shared with the storage agent included); 0 if the shape or the parameters are invalid */
 uint64_t tr_kv_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params);
+/* bytes the storage agent (--csd) allocates in its own process for this configuration: the same
+ * machine's memory, not this process's RSS; 0 without the agent or for invalid parameters */
+uint64_t tr_kv_agent_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params);
 /* bytes the cold pool reserves on storage (0: none needed) */
 uint64_t tr_kv_cold_bytes_needed(const tr_kv_shape *shape, const tr_kv_params *params);
 /* the directory holding this cache's segment files, NULL if none */

@@ -260,6 +260,18 @@ static void test_host_keys(void) {
                                (uint64_t)(s.nctx - KEYS(kv[1])->hk_rows) * KEYS(kv[1])->qrow;
         TU_CHECK(full - ring == saved, "DRAM plan: full copy %llu, ring %llu, saved %llu",
                  (unsigned long long)full, (unsigned long long)ring, (unsigned long long)saved);
+        /* the agent's own memory is planned apart from this process's (its process's RSS, not
+         * ours), and is what the agent reports it allocated; none without the agent */
+        tr_kv_stats st;
+        tr_kv_get_stats(kv[0], &st);
+        tr_kv_params none = p[0];
+        none.csd = false;
+        const uint64_t agent = tr_kv_agent_dram_bytes(&sh, &p[0]);
+        TU_CHECK(agent > 0 && st.csd_mem_bytes == agent && st.csd_pid > 0 &&
+                     tr_kv_agent_dram_bytes(&sh, &none) == 0,
+                 "the agent's memory: planned %llu, reported %llu (pid %d); without it %llu",
+                 (unsigned long long)agent, (unsigned long long)st.csd_mem_bytes, (int)st.csd_pid,
+                 (unsigned long long)tr_kv_agent_dram_bytes(&sh, &none));
     }
     float *q = malloc(sizeof(float) * qn), *o[NK];
     for (int i = 0; i < NK; i++) o[i] = malloc(sizeof(float) * on);

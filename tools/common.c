@@ -438,20 +438,34 @@ double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* a process's VmHWM in MiB, -1 if it cannot be read */
+static double vm_hwm_mib(const char *status) {
+    FILE *f = fopen(status, "r");
+    if (!f) return -1.0;
+    char line[128];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
+            fclose(f);
+            return (double)kb / 1024.0;
+        }
+    fclose(f);
+    return -1.0;
+}
+
+double agent_peak_rss_mib(const tr_kv_stats *kv) {
+    if (kv->csd_pid <= 0) return 0.0;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)kv->csd_pid);
+    const double v = vm_hwm_mib(path);
+    return v < 0 ? 0.0 : v;
+}
+
 double peak_rss_mib(void) {
     /* VmHWM is this process's own high-water mark; getrusage's ru_maxrss also keeps the parent's
      * from before exec (a Python harness's ~80 MiB would hide a small model's peak) */
-    FILE *f = fopen("/proc/self/status", "r");
-    if (f) {
-        char line[128];
-        unsigned long long kb;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
-                fclose(f);
-                return (double)kb / 1024.0;
-            }
-        fclose(f);
-    }
+    const double v = vm_hwm_mib("/proc/self/status");
+    if (v >= 0) return v;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss / 1024.0;
@@ -601,13 +615,22 @@ static const char *mib_str(uint64_t b, char *s, size_t cap) {
     return s;
 }
 
+double plan_host_mib(const tr_mem_plan *pl) {
+    const uint64_t other = pl->margin_bytes + pl->kv_agent_bytes;
+    return pl->total_bytes > other ? (double)(pl->total_bytes - other) / (1024.0 * 1024.0) : 0.0;
+}
+
 void print_plan(FILE *f, const tr_mem_plan *pl, const char *prefix) {
     char a[32], b[32], c[32], d[32], e[32], g[32], h[32], k[32];
-    fprintf(f, "%splan         budget %s (%s): weights %s + expert cache %s + KV %s (%s) + scratch "
+    char agent[96] = "", m[32];
+    if (pl->kv_agent_bytes) /* its own process: this one's peak RSS does not hold it */
+        snprintf(agent, sizeof agent, " + the storage agent's own %s",
+                 mib_str(pl->kv_agent_bytes, m, sizeof m));
+    fprintf(f, "%splan         budget %s (%s): weights %s + expert cache %s + KV %s (%s)%s + scratch "
                "%s + process %s + margin %s = %s\n",
             prefix, mib_str(pl->cap_bytes, a, sizeof a), pl->cap_source,
             mib_str(pl->weight_bytes, b, sizeof b), mib_str(pl->expert_cache_bytes, c, sizeof c),
-            mib_str(pl->kv_bytes, d, sizeof d), tr_kv_policy_name(pl->kv_policy),
+            mib_str(pl->kv_bytes, d, sizeof d), tr_kv_policy_name(pl->kv_policy), agent,
             mib_str(pl->scratch_bytes, e, sizeof e), mib_str(pl->process_bytes, k, sizeof k),
             mib_str(pl->margin_bytes, g, sizeof g), mib_str(pl->total_bytes, h, sizeof h));
     fprintf(f, "%splan         KV of %d tokens: hot in DRAM %s (every token hot: %s)%s%s; experts left on "

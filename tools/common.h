@@ -93,6 +93,11 @@ bool cli_abort_on_interrupt(void *user);
 
 double now_ms(void);
 double peak_rss_mib(void);
+/* the storage agent's peak RSS (its VmHWM: its own pages and those of the shared region it
+ * touched), 0 without one or once it is gone */
+double agent_peak_rss_mib(const tr_kv_stats *kv);
+/* the plan without its margin: this process's, and the storage agent's own, in MiB */
+double plan_host_mib(const tr_mem_plan *pl);
 double current_rss_mib(void);
 
 /* progress bar on stderr when it is a terminal (done <= total); `final` ends the line */

@@ -185,9 +185,19 @@ void gen_summary(const gen_state *g, const loaded *ld, const tr_session *s) {
     tr_mem_plan pl;
     tr_session_get_plan(s, &pl);
     print_plan(stderr, &pl, "terrace: ");
+    /* this process's plan against this process's peak; the storage agent's apart (its own
+     * process: its VmHWM holds its own pages and the shared region's it touched) */
+    const double host = plan_host_mib(&pl);
     fprintf(stderr, "terrace: memory       plan without the margin %.1f MiB, peak RSS %.1f MiB (%.2fx)\n",
-            (double)(pl.total_bytes - pl.margin_bytes) / (1024.0 * 1024.0), peak_rss_mib(),
-            pl.total_bytes > pl.margin_bytes ? peak_rss_mib() * 1024.0 * 1024.0 / (double)(pl.total_bytes - pl.margin_bytes) : 0.0);
+            host, peak_rss_mib(), host > 0 ? peak_rss_mib() / host : 0.0);
+    if (pl.kv_agent_bytes) {
+        tr_kv_stats kv;
+        tr_session_get_kv_stats(s, &kv);
+        fprintf(stderr, "terrace: memory       storage agent (pid %d, its own process): plan %.1f MiB "
+                        "of its own, peak RSS %.1f MiB (with the shared region's pages it touched)\n",
+                (int)kv.csd_pid, (double)pl.kv_agent_bytes / (1024.0 * 1024.0),
+                agent_peak_rss_mib(&kv));
+    }
     fprintf(stderr, "terrace: memory       peak RSS %.1f MiB; session %.1f MiB (KV + scratch), "
                     "context %d/%d\n",
             peak_rss_mib(), (double)tr_session_bytes(s) / (1024.0 * 1024.0), tr_session_n_past(s),

@@ -245,11 +245,12 @@ int cmd_logits(int argc, char **argv) {
             tr_kv_stats_format(&kv, TR_KV_STATS_JSON, "", kvj, sizeof kvj);
             tr_mem_plan pl;
             tr_session_get_plan(s, &pl);
+            /* plan_mib and peak_rss_mib: this process's; the storage agent's apart */
             printf("], \"prompt\": %d, \"prefill_ms\": %.3f, \"decode_steps\": %ld, "
-                   "\"decode_ms\": %.3f, \"plan_mib\": %.3f, \"peak_rss_mib\": %.3f, %s}\n",
-                   n0, prefill_ms, tail - 1, decode_ms,
-                   (double)(pl.total_bytes - pl.margin_bytes) / (1024.0 * 1024.0), peak_rss_mib(),
-                   kvj);
+                   "\"decode_ms\": %.3f, \"plan_mib\": %.3f, \"peak_rss_mib\": %.3f, "
+                   "\"agent_plan_mib\": %.3f, \"agent_peak_rss_mib\": %.3f, %s}\n",
+                   n0, prefill_ms, tail - 1, decode_ms, plan_host_mib(&pl), peak_rss_mib(),
+                   (double)pl.kv_agent_bytes / (1024.0 * 1024.0), agent_peak_rss_mib(&kv), kvj);
         } else if (!top1 || !nll) {
             snprintf(err.msg, sizeof err.msg, "out of memory for %ld positions", tail);
         }

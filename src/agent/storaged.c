@@ -601,8 +601,9 @@ static int serve(pid_t host, int sock) {
         return 2;
     }
     atomic_store(&c->mem_bytes,
-                 hs_bytes + (size_t)c->chunk * 4 + keys_bytes + raw_bytes +
-                     (1 + TR_CSD_AREAS) * g.stage_bytes);
+                 tr_csd_agent_bytes(c->n_layer, c->n_ctx, c->n_head, c->n_head_kv, c->page_tokens,
+                                    c->chunk, c->ws_cap, c->rec, c->qrow, c->page_bytes,
+                                    c->page_qoff));
     atomic_store(&c->agent_pid, (int32_t)getpid());
     atomic_store(&c->ready, 1);
     for (;;) {

@@ -155,4 +155,22 @@ typedef struct tr_csd_entry {
     float score;
 } tr_csd_entry;
 
+/* The agent's own memory for a region of this geometry, outside the shared region: one layer's
+ * per-head scores, one chunk's aggregated scores, its copy of the key copies, one layer's pages
+ * as read (each page's part after its records, at a 4 KiB stride) and a staging area as large as
+ * the working set (2 MiB pages) with a bounce buffer as large for each row area. The agent
+ * allocates and reports it with this function and the host's memory plan counts it, so the two
+ * cannot drift apart. */
+static inline uint64_t tr_csd_agent_bytes(int32_t n_layer, int32_t n_ctx, int32_t n_head,
+                                          int32_t n_head_kv, int32_t page_tokens, int32_t chunk,
+                                          int32_t ws_cap, uint64_t rec, uint64_t qrow,
+                                          uint64_t page_bytes, uint64_t page_qoff) {
+    const uint64_t n_pages = ((uint64_t)n_ctx + (uint64_t)page_tokens - 1) / (uint64_t)page_tokens;
+    const uint64_t pstride = (page_bytes - page_qoff + 4095) / 4096 * 4096;
+    const uint64_t stage = ((uint64_t)ws_cap * rec + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    return (uint64_t)n_head * (uint64_t)n_ctx * 4 + (uint64_t)chunk * 4 +
+           (uint64_t)n_layer * (uint64_t)n_head_kv * (uint64_t)n_ctx * qrow + n_pages * pstride +
+           (1 + TR_CSD_AREAS) * stage;
+}
+
 #endif

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "kv/csd.h"
 #include "kv/kv_csd.h"
 #include "kv/kv_pooled.h"
 
@@ -221,13 +222,15 @@ tr_status tr_kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, tr_kv_pla
     if (o->cold) d += L * n_ctx * 8 + o->page_bytes;  /* record hashes, page buffer */
     if (o->cold && p->bkp != TR_KV_BKP_OFF) /* last moves; victims, candidates */
         d += L * n_ctx * 4 + slots * 12 + ws * 4;
+    o->agent_dram = 0;
     if (o->cold && p->csd) { /* the shared region holds the working set (counted above) */
         d += tr_kv_csd_region_bytes(s, ws, o->q8row, rec) - ws * rec + nh * 16;
-        /* the agent's own memory, when it runs on this machine: its copy of the key copies
-         * (filled as pages are scored), one layer's per-head scores and the rows' staging */
-        d += L * nkv * n_ctx * o->qrow +
-             (uint64_t)o->n_pages * tr_kv_round_up(o->page_bytes - o->page_qoff, 4096) +
-             nh * n_ctx * 4 + tr_kv_round_up(ws * rec, KV_HUGE);
+        /* the agent's own memory (its copy of the key copies, filled as pages are scored; one
+         * layer's per-head scores; the rows' staging and bounce buffers) is its process's, apart
+         * from this one's: a budget holds both, this process's peak RSS only the first */
+        o->agent_dram = tr_csd_agent_bytes(s->n_layer, s->n_ctx, s->n_head, s->n_head_kv,
+                                           TR_KV_PAGE, tr_kv_csd_chunk(p->csd_chunk), (int32_t)ws,
+                                           rec, o->qrow, o->page_bytes, o->page_qoff);
     }
     if (tiered) d += L * nkv * (hk_rows * o->qrow + (uint64_t)o->hdk_pad * 4);
     if (quest) d += L * nkv * (uint64_t)o->n_pages * (uint64_t)s->head_dim_k * 4;
@@ -293,6 +296,14 @@ uint64_t tr_kv_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params) 
     tr_kv_params p = *params;
     if (!p.cold_dir) p.cold_dir = ".";
     return tr_kv_plan_make(shape, &p, &pl, NULL) ? 0 : pl.dram;
+}
+
+uint64_t tr_kv_agent_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params) {
+    if (params->policy == TR_KV_FULL) return 0;
+    tr_kv_plan pl;
+    tr_kv_params p = *params;
+    if (!p.cold_dir) p.cold_dir = ".";
+    return tr_kv_plan_make(shape, &p, &pl, NULL) ? 0 : pl.agent_dram;
 }
 
 uint64_t tr_kv_cold_bytes_needed(const tr_kv_shape *shape, const tr_kv_params *params) {

@@ -64,7 +64,10 @@ typedef struct tr_kv_plan {
     /* segment files */
     size_t page_bytes, page_qoff, page_toff;
     uint64_t data_off;
-    uint64_t dram, cold_bytes;
+    /* dram: what this process allocates; agent_dram: the storage agent's own memory, in its
+     * process (its VmHWM, not this one's), 0 without the agent; the shared region between them
+     * is this process's (in dram) */
+    uint64_t dram, agent_dram, cold_bytes;
 } tr_kv_plan;
 tr_status tr_kv_plan_make(const tr_kv_shape *s, const tr_kv_params *p, tr_kv_plan *o,
                           tr_error *err);

@@ -38,6 +38,10 @@ extern char **environ;
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+int32_t tr_kv_csd_chunk(int32_t csd_chunk) {
+    return csd_chunk ? (csd_chunk + TR_KV_PAGE - 1) / TR_KV_PAGE * TR_KV_PAGE : 1024;
+}
+
 uint64_t tr_kv_csd_region_bytes(const tr_kv_shape *s, uint64_t ws_cap, uint64_t q8row,
                                 uint64_t rec) {
     uint64_t o = align_up(sizeof(tr_csd_ctl), 64);
@@ -219,7 +223,7 @@ tr_status tr_kv_csd_init(tr_kv_csd *C, tr_kv_store *st, tr_kv_keys *K, tr_kv_app
     C->params = p;
     C->fd = -1; /* before anything can fail: free closes them */
     C->sock = -1;
-    C->chunk = p->csd_chunk ? (p->csd_chunk + TR_KV_PAGE - 1) / TR_KV_PAGE * TR_KV_PAGE : 1024;
+    C->chunk = tr_kv_csd_chunk(p->csd_chunk);
     C->read_gap = 1;
     C->timeout_ns = (uint64_t)((p->csd_timeout > 0 ? p->csd_timeout : CSD_TIMEOUT_S) * 1e9);
     const size_t nh = (size_t)s->n_head;
@@ -524,6 +528,7 @@ void tr_kv_csd_stats(const tr_kv_csd *C, tr_kv_stats *o) {
     o->csd_storage_bytes = atomic_load(&c->bytes_storage);
     o->csd_busy_ns = atomic_load(&c->busy_ns);
     o->csd_mem_bytes = atomic_load(&c->mem_bytes);
+    o->csd_pid = (int32_t)tr_kv_csd_pid(C);
 }
 
 void tr_kv_csd_invalidate(tr_kv_csd *C, int32_t layer, int32_t page) {

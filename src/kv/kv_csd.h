@@ -37,6 +37,8 @@ typedef struct tr_kv_csd {
                                layer (INT32_MAX: none) */
 } tr_kv_csd;
 
+/* positions the agent scores in one chunk for --csd-chunk (0: its default) */
+int32_t tr_kv_csd_chunk(int32_t csd_chunk);
 /* bytes of the shared region (the working set included) */
 uint64_t tr_kv_csd_region_bytes(const tr_kv_shape *s, uint64_t ws_cap, uint64_t q8row,
                                 uint64_t rec);

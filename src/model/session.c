@@ -56,6 +56,13 @@ static uint64_t full_bytes(const tr_model *m, const tr_session_params *p) {
     return b;
 }
 
+/* the machine's memory a KV configuration takes: this process's and the storage agent's (its own
+ * process on this machine, under the same budget) */
+static uint64_t kv_machine_bytes(const tr_kv_shape *shape, const tr_kv_params *kp) {
+    const uint64_t d = tr_kv_dram_bytes(shape, kp);
+    return d ? d + tr_kv_agent_dram_bytes(shape, kp) : 0;
+}
+
 static tr_status create_kv(const tr_model *m, const tr_session_params *p, struct tr_kv **out,
                            tr_error *err) {
     const int32_t nl = m->hp.n_layer;
@@ -213,7 +220,7 @@ tr_status tr_session_estimate(const tr_model *m, const tr_session_params *params
                        p.n_ctx);
     tr_scratch dummy;
     const bool spec = p.kv.policy == TR_KV_TIERED && p.kv.spec;
-    *bytes = pl.kv_bytes + scratch_plan(m, p.n_batch, spec, NULL, &dummy);
+    *bytes = pl.kv_bytes + pl.kv_agent_bytes + scratch_plan(m, p.n_batch, spec, NULL, &dummy);
     return TR_OK;
 }
 
@@ -295,7 +302,7 @@ static uint64_t auto_min_cap(const tr_kv_shape *shape, tr_kv_params t, uint64_t 
         const uint64_t used = fixed + tr_mem_margin(mid);
         const uint64_t share = mid > used ? mid - used : 0;
         if (!ws_given) t.ws_bytes = auto_ws(share, rec);
-        const uint64_t d = tr_kv_dram_bytes(shape, &t);
+        const uint64_t d = kv_machine_bytes(shape, &t);
         if (d && d <= share) hi = mid;
         else lo = mid + 1;
     }
@@ -363,7 +370,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     while (lo <= hi) {
         const uint64_t mid = lo + (hi - lo) / 2;
         t.hot_bytes = mid * per_slot;
-        const uint64_t d = tr_kv_dram_bytes(&shape, &t);
+        const uint64_t d = kv_machine_bytes(&shape, &t);
         if (d && d <= share) {
             best = mid;
             lo = mid + 1;
@@ -373,7 +380,7 @@ static tr_status make_plan(const tr_model *m, tr_session_params *p, bool make_di
     }
     if (!best) {
         t.hot_bytes = ((uint64_t)kp.n_sink + 16) * per_slot;
-        const uint64_t min = tr_kv_dram_bytes(&shape, &t);
+        const uint64_t min = kv_machine_bytes(&shape, &t);
         char b8[32], b9[32];
         if (kp.hot_bytes)
             st = tr_fail(err, TR_E_BUDGET,
@@ -416,20 +423,25 @@ planned: {
     if (r.policy != TR_KV_FULL && !r.cold_dir) r.cold_dir = ".";
     pl->kv_policy = r.policy;
     pl->kv_bytes = tr_kv_dram_bytes(&shape, &r);
+    pl->kv_agent_bytes = pl->kv_bytes ? tr_kv_agent_dram_bytes(&shape, &r) : 0;
     pl->kv_hot_bytes = r.policy == TR_KV_FULL ? need : r.hot_bytes ? r.hot_bytes : need;
     pl->kv_cold_bytes = tr_kv_cold_bytes_needed(&shape, &r);
-    pl->total_bytes = pl->weight_bytes + pl->expert_cache_bytes + pl->kv_bytes + pl->scratch_bytes +
-                      pl->process_bytes + pl->margin_bytes;
+    pl->total_bytes = pl->weight_bytes + pl->expert_cache_bytes + pl->kv_bytes +
+                      pl->kv_agent_bytes + pl->scratch_bytes + pl->process_bytes + pl->margin_bytes;
     /* a budget the user gave is a promise: a plan over it is refused (an estimated cap, from the
      * cgroup or MemAvailable, only shows the plan as over it) */
     if (pl->total_bytes > m->mem_cap && !strcmp(m->mem_source, "--mem-budget")) {
-        char c1[32], c2[32];
+        char c1[32], c2[32], agent[80] = "";
+        if (pl->kv_agent_bytes)
+            snprintf(agent, sizeof agent, "; the storage agent's own %s included",
+                     mib(pl->kv_agent_bytes, b6, sizeof b6));
         st = tr_fail(err, TR_E_BUDGET,
-                     "--mem-budget %s cannot hold the plan: weights %s + KV %s (%s, %d tokens) + "
+                     "--mem-budget %s cannot hold the plan: weights %s + KV %s (%s, %d tokens%s) + "
                      "scratch %s + the process %s + margin = %s; the least --mem-budget for it is %s (or lower -c, "
                      "or let the KV spill: --kv-policy auto, or a smaller --kv-hot)",
                      mib(m->mem_cap, b1, sizeof b1), mib(pl->weight_bytes + pl->expert_cache_bytes, b2, sizeof b2),
-                     mib(pl->kv_bytes, b3, sizeof b3), tr_kv_policy_name(pl->kv_policy), p->n_ctx,
+                     mib(pl->kv_bytes + pl->kv_agent_bytes, b3, sizeof b3),
+                     tr_kv_policy_name(pl->kv_policy), p->n_ctx, agent,
                      mib(pl->scratch_bytes, b4, sizeof b4), mib(pl->process_bytes, b5, sizeof b5),
                      mib(pl->total_bytes, c1, sizeof c1),
                      mib(tenth_mib_up(min_cap(pl->total_bytes - pl->margin_bytes - pl->process_bytes +

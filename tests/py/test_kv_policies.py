@@ -246,6 +246,28 @@ def run_all(tmp, cold, sock):
         check(n_chunks == {"exact": want, "select": 0},
               f"real model run tiered: exact prefill chunks {n_chunks} (want {want} without "
               f"--kv-prefill-select, 0 with it)")
+        # the memory plan against the peak RSS with the storage agent: a context filled (RSS
+        # counts the KV pages written) whose cold pool's key copies make the agent's own memory
+        # (its process, not this one's VmHWM) a fifth of the host's plan; this process's plan
+        # must be within 10 % of its peak, and the agent's planned and measured apart
+        long = (rt * (4000 // len(rt) + 1))[:3990]
+        tf = os.path.join(tmp, "long.txt")
+        with open(tf, "w") as f:
+            f.write(",".join(map(str, long)))
+        r = subprocess.run([TERRACE, "logits", "-m", REAL, "--tokens", "@" + tf, "--tail", "4",
+                            "-c", "4096", "--kv-policy", "tiered", "--kv-hot", "2M", "--kv-cold",
+                            cold, "--csd"], capture_output=True, text=True)
+        check(r.returncode == 0, f"real model tiered + agent, 4K: {r.stderr.strip()[-300:]}")
+        if r.returncode == 0:
+            d = json.loads(r.stdout)
+            ratio = d["peak_rss_mib"] / d["plan_mib"]
+            check(0.9 <= ratio <= 1.1 and d["agent_plan_mib"] > 0 and d["agent_peak_rss_mib"] > 0,
+                  f"real model tiered + agent, 4K: this process's plan {d['plan_mib']:.1f} MiB, "
+                  f"peak RSS {d['peak_rss_mib']:.1f} MiB ({ratio:.2f}x, want 0.90-1.10); the "
+                  f"agent's plan {d['agent_plan_mib']:.1f} MiB, peak RSS {d['agent_peak_rss_mib']:.1f} MiB")
+            print(f"  default real model tiered + agent, 4K context: plan {d['plan_mib']:.1f} MiB, "
+                  f"peak RSS {d['peak_rss_mib']:.1f} MiB ({ratio:.2f}x); the agent's own: plan "
+                  f"{d['agent_plan_mib']:.1f} MiB, peak RSS {d['agent_peak_rss_mib']:.1f} MiB")
         # The real model is quantized (Q4_1): activation re-quantization turns any float
         # difference into jumps that 30 layers carry on (parity.py). The noise floor is what
         # merely changing the kernel family (summation order) does to the full cache's logits;
