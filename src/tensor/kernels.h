@@ -117,8 +117,11 @@ typedef void (*tr_gemm_fn)(int64_t K, int64_t n_rows, int64_t M, float *restrict
  * q·k · scale in f32, exp(s - max) summed in double (a sink adds exp(sink - max) and takes part
  * in the max), probabilities e / sum rounded to F16, outputs Σ p·v in f32. A family's kernel
  * tiles it: each block of TR_ATTN_KB keys and values is converted to f32 once for all the
- * queries, and the scores of the tile stay in cache between the passes. */
-#define TR_ATTN_MAX_Q 16
+ * queries, and the scores of the tile stay in cache between the passes. 32 vectors (8 positions
+ * of a GQA group of 4): at depth the block conversions and the reads of K and V (from L3 for a
+ * long context) are paid once per call, so the more queries a call holds the fewer times;
+ * the scores cost 32 × keys floats of scratch per thread (576 KiB at 4.6K keys). */
+#define TR_ATTN_MAX_Q 32
 #define TR_ATTN_KB 64
 
 typedef struct tr_attn_q {

@@ -2,11 +2,11 @@
  * The attention kernel (kernels.h, attn_f16) for the AVX2 and AVX-512 families: compiled by
  * both, 256-bit or 512-bit vectors.
  *
- * One call: n_q <= 16 query vectors against one KV head. The keys any of them sees, [T0, T1],
+ * One call: n_q <= TR_ATTN_MAX_Q query vectors against one KV head. The keys any of them sees, [T0, T1],
  * are walked in blocks of TR_ATTN_KB: each block of K is converted to f32 transposed, [d][key],
  * so a vector holds 16 (8) keys and a score tile of AV_QI queries × 64 keys is one broadcast
  * FMA per query, dimension and vector. The scores of the whole tile, [query][T0..T1], stay in
- * the scratch (L1/L2: 16 queries × 4K keys is 256 KiB), where each query's softmax is a pass
+ * the scratch (L2/L3: 32 queries × 4K keys is 512 KiB, walked in order), where each query's softmax is a pass
  * with the reference's roundings (max, exp, the sum in double, the probabilities rounded to
  * F16). Then each block of V is converted to f32 rows, [key][d], and the outputs, [query][d],
  * accumulate p·v with broadcast FMAs. K and V are read once per tile instead of once per query:
