@@ -96,7 +96,8 @@ double peak_rss_mib(void);
 /* the storage agent's peak RSS (its VmHWM: its own pages and those of the shared region it
  * touched), 0 without one or once it is gone */
 double agent_peak_rss_mib(const tr_kv_stats *kv);
-/* the plan without its margin: this process's, and the storage agent's own, in MiB */
+/* this process's plan without its margin, in MiB: the total less the margin and the storage
+ * agent's own memory (its process, not this one's RSS) */
 double plan_host_mib(const tr_mem_plan *pl);
 double current_rss_mib(void);
 

@@ -288,30 +288,29 @@ static tr_status uniform_heads(const tr_kv_shape *s, const tr_kv_params *p, tr_e
     return TR_OK;
 }
 
+/* a pooled configuration's plan for sizing, false if the parameters are invalid: the cold
+ * directory is not needed to size memory or storage */
+static bool sizing_plan(const tr_kv_shape *shape, const tr_kv_params *params, tr_kv_plan *pl) {
+    tr_kv_params p = *params;
+    if (!p.cold_dir) p.cold_dir = ".";
+    return tr_kv_plan_make(shape, &p, pl, NULL) == TR_OK;
+}
+
 uint64_t tr_kv_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params) {
     if (params->policy == TR_KV_FULL)
         return full_plan(shape, params, NULL) ? 0 : tr_kv_full_bytes(shape, params);
     tr_kv_plan pl;
-    /* the cold directory is not needed to size DRAM */
-    tr_kv_params p = *params;
-    if (!p.cold_dir) p.cold_dir = ".";
-    return tr_kv_plan_make(shape, &p, &pl, NULL) ? 0 : pl.dram;
+    return sizing_plan(shape, params, &pl) ? pl.dram : 0;
 }
 
 uint64_t tr_kv_agent_dram_bytes(const tr_kv_shape *shape, const tr_kv_params *params) {
-    if (params->policy == TR_KV_FULL) return 0;
     tr_kv_plan pl;
-    tr_kv_params p = *params;
-    if (!p.cold_dir) p.cold_dir = ".";
-    return tr_kv_plan_make(shape, &p, &pl, NULL) ? 0 : pl.agent_dram;
+    return params->policy != TR_KV_FULL && sizing_plan(shape, params, &pl) ? pl.agent_dram : 0;
 }
 
 uint64_t tr_kv_cold_bytes_needed(const tr_kv_shape *shape, const tr_kv_params *params) {
-    if (params->policy == TR_KV_FULL) return 0;
     tr_kv_plan pl;
-    tr_kv_params p = *params;
-    if (!p.cold_dir) p.cold_dir = ".";
-    return tr_kv_plan_make(shape, &p, &pl, NULL) ? 0 : pl.cold_bytes;
+    return params->policy != TR_KV_FULL && sizing_plan(shape, params, &pl) ? pl.cold_bytes : 0;
 }
 
 const char *tr_kv_cold_path(const tr_kv *kv) {
