@@ -17,9 +17,10 @@ start at once (every round then arrives together). Per phase:
 Tokens are the usage counts (terrace) or the text chunks (llama.cpp's server sends one per token).
 
 Needs root for the cgroup (cgroup v1 memory controller) and drop_caches, like bench_moe.sh.
-Results: bench/results/serve.md (+ serve.json). A run with --only rewrites that model's section
-and keeps the other one (from serve.json, with its own date, commit and machine); a hand-written
-"## Notes" section at the end of serve.md is kept.
+Results: bench/results/serve.md (+ serve.json), a pair of sections per machine (the CPU's name and
+its widest vector ISA): a run rewrites this machine's sections and keeps every other machine's; with
+--only it rewrites that model's section and keeps the other one (from serve.json, with its own
+date, commit and machine); a hand-written "## Notes" section at the end of serve.md is kept.
 
 usage: bench_serve.py [--quick] [--only dense|moe] [--levels 1,4,8,16] [--servers terrace,peer]
 
@@ -264,13 +265,27 @@ def cpu_name():
     return platform.processor()
 
 
-def old_section(key):
+def machine():
+    """the machine a run's figures belong to: the CPU's name, which reads the same on CPUs of
+    different generations (a VM's "AMD EPYC"), and the widest vector ISA the kernels can use"""
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else platform.machine()
+    return f"{cpu_name()}, {isa}"
+
+
+def old_machines():
     try:
         with open("bench/results/serve.json") as f:
-            old = json.load(f)
+            return json.load(f).get("machines", {})
     except (OSError, ValueError):
-        return None
-    return old.get("results", {}).get(key)
+        return {}
+
+
+def old_section(key):
+    return old_machines().get(machine(), {}).get(key)
 
 
 def run_sides(key, r):
@@ -338,27 +353,88 @@ def main():
         run_sides("moe", results["moe"])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    meta = {"date": str(datetime.date.today()), "commit": commit, "cpu": cpu_name(),
+    meta = {"date": str(datetime.date.today()), "commit": commit, "cpu": machine(),
             "threads": THREADS, "command": "make bench-serve (bench/bench_serve.py" +
-            (" --quick" if quick else "") + (f" --only {args.only}" if args.only else "") + ")"}
+            (" --quick" if quick else "") + (f" --only {args.only}" if args.only else "") +
+            (f" --levels {args.levels}" if args.levels != "1,4,8,16" else "") + ")"}
     for v in results.values():
         v["meta"] = meta
         if "peer_meta" in v or "terrace_meta" in v:
             v["meta"] = dict(meta, command=meta["command"][:-1] + f" --servers {args.servers})")
-    # --only keeps the other model's results of an earlier run (each section names its run)
-    if args.only and os.path.exists("bench/results/serve.json"):
-        with open("bench/results/serve.json") as f:
-            old = json.load(f)
-        for k, v in old.get("results", {}).items():
+    # other machines' sections are kept; --only keeps this machine's other model from an earlier
+    # run (each section names its run)
+    machines = old_machines()
+    here = machine()
+    if args.only:
+        for k, v in machines.get(here, {}).items():
             if k not in results:
-                v.setdefault("meta", old.get("meta", meta))
                 results[k] = v
+    machines.pop(here, None)
+    machines[here] = results
     with open("bench/results/serve.json", "w") as f:
-        json.dump({"results": results}, f, indent=1)
-    write_report(results)
+        json.dump({"machines": machines}, f, indent=1)
+    write_report(machines)
 
 
-def write_report(results):
+def section(w, title, key, r):
+    """one model's table and goals of one machine's run"""
+    t, p = r["terrace"], r["peer"]
+    meta = r["meta"]
+    w(f"## {title}\n")
+    # "run": the run's line as written by hand where the rows came from more than one run
+    w(meta.get("run") or f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, "
+      f"{meta['cpu']}, {meta['threads']} threads for both servers.")
+    w("")
+    for side, name in (("terrace", "terrace"), ("peer", "llama.cpp")):
+        km = r.get(side + "_meta")
+        if km:
+            w(f"{name}'s rows are kept from an earlier run ({km['date']}, commit {km['commit']}, "
+              f"`{km['command']}`): this one ran the other server only.\n")
+    extra = ""
+    if key == "moe":
+        extra = (f" ({r['size'] >> 20} MiB, qwen3moe, 64 experts top-8) in a memory cgroup of "
+                 f"{r['cap'] >> 20} MiB (half the file, page cache counted), caches dropped "
+                 "before each server starts; llama.cpp with weight repacking off, as in "
+                 "bench_moe.sh")
+    w(f"`{r['model']}`{extra}; {r['max_tokens']} tokens per request. terrace `serve "
+      f"{' '.join(r['terrace_flags'])}`, peer `{' '.join(r['peer_flags'])}`. Peak RSS: terrace "
+      f"{t['peak_rss_mib'] or 0:.0f} MiB, llama.cpp "
+      f"{p.get('peak_rss_text') or '%.0f MiB' % (p['peak_rss_mib'] or 0)}.\n")
+    w("| arrivals | streams | terrace tok/s | llama.cpp tok/s | terrace / llama.cpp | "
+      "terrace TTFT p50 / p99 ms | llama.cpp TTFT p50 / p99 ms |")
+    w("|---|---:|---:|---:|---:|---:|---:|")
+    for x in t["rows"]:
+        # the peer's row of the same arrivals and streams, "–" where it did not run that phase
+        y = next((z for z in p["rows"] if (z["pattern"], z["conc"]) == (x["pattern"], x["conc"])),
+                 None)
+        ys = (f"{y['tok_s']:.2f}", f"{x['tok_s'] / y['tok_s']:.2f}x",
+              f"{y['ttft_p50_ms']:.0f} / {y['ttft_p99_ms']:.0f}") if y else ("–", "–", "–")
+        w(f"| {x['pattern']} | {x['conc']} | {x['tok_s']:.2f} | {ys[0]} | {ys[1]} | "
+          f"{x['ttft_p50_ms']:.0f} / {x['ttft_p99_ms']:.0f} | {ys[2]} |")
+    w("")
+    one = next(x for x in t["rows"] if x["conc"] == 1)
+    eight = next((x for x in t["rows"] if x["conc"] == 8 and x["pattern"] == "staggered"), None)
+    peer8 = next((x for x in p["rows"] if x["conc"] == 8 and x["pattern"] == "staggered"), None)
+    if eight:
+        goals = [("8 streams >= 3x terrace's 1-stream aggregate", eight["tok_s"] / one["tok_s"], 3.0)]
+        if peer8:
+            goals.append((f"8 streams >= {'2' if key == 'dense' else '10'}x the peer's aggregate",
+                          eight["tok_s"] / peer8["tok_s"], 2.0 if key == "dense" else 10.0))
+        goals.append(("TTFT p99 at 8 streams <= 2x the 1-stream TTFT (p99)",
+                      one["ttft_p99_ms"] * 2 / max(1e-9, eight["ttft_p99_ms"]), 1.0))
+        for name, v, goal in goals:
+            shown = f"{v:.2f}x" if "TTFT" not in name else \
+                f"{eight['ttft_p99_ms']:.0f} ms vs {one['ttft_p99_ms']:.0f} ms ({eight['ttft_p99_ms'] / one['ttft_p99_ms']:.2f}x)"
+            w(f"- {name} (staggered arrivals): {shown} — {'met' if v >= goal else 'NOT met'}")
+        burst8 = next((x for x in t["rows"] if x["conc"] == 8 and x["pattern"] == "burst"), None)
+        if burst8:
+            w(f"- burst arrivals (8 requests at once, every round): {burst8['tok_s'] / one['tok_s']:.2f}x "
+              f"the 1-stream aggregate, TTFT p99 {burst8['ttft_p99_ms']:.0f} ms "
+              f"({burst8['ttft_p99_ms'] / one['ttft_p99_ms']:.2f}x the 1-stream TTFT)")
+    w("")
+
+
+def write_report(machines):
     out = []
     w = out.append
     w("# terrace serve vs llama.cpp's server: continuous batching\n")
@@ -368,62 +444,10 @@ def write_report(results):
       "and the same requests in the same run: streamed /v1/completions, greedy, a different "
       "prompt per request; aggregate tok/s = generated tokens / wall time of the phase (prefill "
       "included); TTFT = request sent -> first text chunk.\n")
-    for key, title in (("dense", "Default model"), ("moe", "1 GiB synthetic MoE under a memory cap")):
-        if key not in results:
-            continue
-        r = results[key]
-        t, p = r["terrace"], r["peer"]
-        meta = r["meta"]
-        w(f"## {title}\n")
-        w(f"{meta['date']}, commit {meta['commit']}, `{meta['command']}`, {meta['cpu']}, "
-          f"{meta['threads']} threads for both servers.\n")
-        for side, name in (("terrace", "terrace"), ("peer", "llama.cpp")):
-            km = r.get(side + "_meta")
-            if km:
-                w(f"{name}'s rows are kept from an earlier run ({km['date']}, commit {km['commit']}, "
-                  f"`{km['command']}`): this one ran the other server only.\n")
-        extra = ""
-        if key == "moe":
-            extra = (f" ({r['size'] >> 20} MiB, qwen3moe, 64 experts top-8) in a memory cgroup of "
-                     f"{r['cap'] >> 20} MiB (half the file, page cache counted), caches dropped "
-                     "before each server starts; llama.cpp with weight repacking off, as in "
-                     "bench_moe.sh")
-        w(f"`{r['model']}`{extra}; {r['max_tokens']} tokens per request. terrace `serve "
-          f"{' '.join(r['terrace_flags'])}`, peer `{' '.join(r['peer_flags'])}`. Peak RSS: terrace "
-          f"{t['peak_rss_mib'] or 0:.0f} MiB, llama.cpp {p['peak_rss_mib'] or 0:.0f} MiB.\n")
-        w("| arrivals | streams | terrace tok/s | llama.cpp tok/s | terrace / llama.cpp | "
-          "terrace TTFT p50 / p99 ms | llama.cpp TTFT p50 / p99 ms |")
-        w("|---|---:|---:|---:|---:|---:|---:|")
-        prow = {(x["pattern"], x["conc"]) for x in p["rows"]}
-        for x in t["rows"]:
-            y = next((z for z in p["rows"] if z["conc"] == x["conc"] and
-                      (z["pattern"] == x["pattern"] or (x["pattern"], x["conc"]) not in prow
-                       and z["pattern"] == "staggered")), None)
-            ys = (f"{y['tok_s']:.2f}", f"{x['tok_s'] / y['tok_s']:.2f}x",
-                  f"{y['ttft_p50_ms']:.0f} / {y['ttft_p99_ms']:.0f}") if y else ("–", "–", "–")
-            w(f"| {x['pattern']} | {x['conc']} | {x['tok_s']:.2f} | {ys[0]} | {ys[1]} | "
-              f"{x['ttft_p50_ms']:.0f} / {x['ttft_p99_ms']:.0f} | {ys[2]} |")
-        w("")
-        one = next(x for x in t["rows"] if x["conc"] == 1)
-        eight = next((x for x in t["rows"] if x["conc"] == 8 and x["pattern"] == "staggered"), None)
-        peer8 = next((x for x in p["rows"] if x["conc"] == 8), None)
-        if eight:
-            goals = [("8 streams >= 3x terrace's 1-stream aggregate", eight["tok_s"] / one["tok_s"], 3.0)]
-            if peer8:
-                goals.append((f"8 streams >= {'2' if key == 'dense' else '10'}x the peer's aggregate",
-                              eight["tok_s"] / peer8["tok_s"], 2.0 if key == "dense" else 10.0))
-            goals.append(("TTFT p99 at 8 streams <= 2x the 1-stream TTFT (p99)",
-                          one["ttft_p99_ms"] * 2 / max(1e-9, eight["ttft_p99_ms"]), 1.0))
-            for name, v, goal in goals:
-                shown = f"{v:.2f}x" if "TTFT" not in name else \
-                    f"{eight['ttft_p99_ms']:.0f} ms vs {one['ttft_p99_ms']:.0f} ms ({eight['ttft_p99_ms'] / one['ttft_p99_ms']:.2f}x)"
-                w(f"- {name} (staggered arrivals): {shown} — {'met' if v >= goal else 'NOT met'}")
-            burst8 = next((x for x in t["rows"] if x["conc"] == 8 and x["pattern"] == "burst"), None)
-            if burst8:
-                w(f"- burst arrivals (8 requests at once, every round): {burst8['tok_s'] / one['tok_s']:.2f}x "
-                  f"the 1-stream aggregate, TTFT p99 {burst8['ttft_p99_ms']:.0f} ms "
-                  f"({burst8['ttft_p99_ms'] / one['ttft_p99_ms']:.2f}x the 1-stream TTFT)")
-        w("")
+    for mach, results in machines.items():
+        for key, title in (("dense", "Default model"), ("moe", "1 GiB synthetic MoE under a memory cap")):
+            if key in results:
+                section(w, f"{title}: {mach}", key, results[key])
     # a hand-written "## Notes" section at the end of serve.md (what a table alone does not
     # say) is kept as it is: a run rewrites the measured sections only
     notes = ""
