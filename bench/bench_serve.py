@@ -296,8 +296,11 @@ def run_sides(key, r):
             r[side] = r[side]()
             continue
         prev = prev or old_section(key)
-        if not prev or side not in prev:
-            sys.exit(f"bench-serve: --servers {args.servers}: serve.json has no {side} rows for {key}")
+        if not prev or side not in prev or (prev.get(side + "_meta") or {}).get("absent"):
+            # nothing of that server on this machine yet: its cells read "–"
+            r[side] = {"rows": [], "peak_rss_mib": None}
+            r[side + "_meta"] = {"absent": True}
+            continue
         r[side] = prev[side]
         r[side + "_meta"] = prev.get(side + "_meta", prev.get("meta"))
 
@@ -387,7 +390,9 @@ def section(w, title, key, r):
     w("")
     for side, name in (("terrace", "terrace"), ("peer", "llama.cpp")):
         km = r.get(side + "_meta")
-        if km:
+        if km and km.get("absent"):
+            w(f"{name} was not run for this section on this machine: its cells read \"–\".\n")
+        elif km:
             w(f"{name}'s rows are kept from an earlier run ({km['date']}, commit {km['commit']}, "
               f"`{km['command']}`): this one ran the other server only.\n")
     extra = ""
@@ -399,7 +404,7 @@ def section(w, title, key, r):
     w(f"`{r['model']}`{extra}; {r['max_tokens']} tokens per request. terrace `serve "
       f"{' '.join(r['terrace_flags'])}`, peer `{' '.join(r['peer_flags'])}`. Peak RSS: terrace "
       f"{t['peak_rss_mib'] or 0:.0f} MiB, llama.cpp "
-      f"{p.get('peak_rss_text') or '%.0f MiB' % (p['peak_rss_mib'] or 0)}.\n")
+      f"{p.get('peak_rss_text') or ('%.0f MiB' % p['peak_rss_mib'] if p['peak_rss_mib'] else '–')}.\n")
     w("| arrivals | streams | terrace tok/s | llama.cpp tok/s | terrace / llama.cpp | "
       "terrace TTFT p50 / p99 ms | llama.cpp TTFT p50 / p99 ms |")
     w("|---|---:|---:|---:|---:|---:|---:|")
@@ -412,10 +417,10 @@ def section(w, title, key, r):
         w(f"| {x['pattern']} | {x['conc']} | {x['tok_s']:.2f} | {ys[0]} | {ys[1]} | "
           f"{x['ttft_p50_ms']:.0f} / {x['ttft_p99_ms']:.0f} | {ys[2]} |")
     w("")
-    one = next(x for x in t["rows"] if x["conc"] == 1)
+    one = next((x for x in t["rows"] if x["conc"] == 1), None)
     eight = next((x for x in t["rows"] if x["conc"] == 8 and x["pattern"] == "staggered"), None)
     peer8 = next((x for x in p["rows"] if x["conc"] == 8 and x["pattern"] == "staggered"), None)
-    if eight:
+    if eight and one:
         goals = [("8 streams >= 3x terrace's 1-stream aggregate", eight["tok_s"] / one["tok_s"], 3.0)]
         if peer8:
             goals.append((f"8 streams >= {'2' if key == 'dense' else '10'}x the peer's aggregate",
