@@ -403,48 +403,97 @@ TR_X86_SIDE_ENTRY(ymm_dot_side_q5_1, Q32_Q5_1)
  * accumulator; per block, m_w·s into a second 8-lane accumulator (one FMA). The row's value is
  * hsum_ps256(lanes 0-7 + lanes 8-15) + hsum_ps256(the min accumulator). Blocks past the row's
  * end in its last group are zeros (every factor 0). Here the 16 lanes are two 256-bit halves
- * (blocks 0-3, 4-7) and a half-block's dot is two horizontal adds of the block's 4-element
- * sums; the 512-bit kernel gets them from one VNNI product per 4 elements of 16 half-blocks. */
+ * (blocks 0-3, 4-7) and a half-block's dot is an int16 reduction of one maddubs per block; the
+ * 512-bit kernel gets them from one VNNI product per 4 elements of 16 half-blocks. */
+/* A Q4_1 block's codes with the low nibbles (elements 0..15) in the low 128-bit lane and the
+ * high ones in the high lane: one load, one shift, one insert, one and. */
+TR_ALWAYS_INLINE __m256i q41h_codes(const tr_blk_q4_1 *x) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)x->qs);
+    const __m256i b =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+/* int16 pair sums of two vectors at three strides; used as a reduction tree that takes the
+ * 8 int16 partial sums of each half-block (one maddubs) of 8 blocks down to one int16 per
+ * half-block in 7 adds and 14 unpacks, instead of a madd per block and the slow hadd_epi32s */
+TR_ALWAYS_INLINE __m256i q41h_sum16(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+}
+TR_ALWAYS_INLINE __m256i q41h_sum32(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+TR_ALWAYS_INLINE __m256i q41h_sum64(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+/* Blocks b..b+r-1 (r = 1..8, a constant after inlining). The half-block dots are exact in
+ * int16 (16 products of at most 15·128 = 30720), so the lanes hold the same integers as the
+ * 32-bit reduction the 512-bit kernel does, and the scales are applied in its order. */
 TR_ALWAYS_INLINE void q41h_group(const int r, const int nc, const tr_blk_q4_1 *x,
                                  const char *const *a, const float *const *side, int64_t nb,
                                  int64_t b, __m256 *lo, __m256 *hi, __m256 *cacc) {
-    uint32_t head[8];
     __m256i q[8];
+    __m128i h4[2];
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        head[k] = k < r ? tr_load_u32(&x[b + k]) : 0;
-        q[k] = k < r ? unpack_nibbles32(x[b + k].qs) : _mm256_setzero_si256();
-    }
-    const __m256i gw = _mm256_loadu_si256((const __m256i *)head);
-    const __m256 dw = f16_lo_to_f32(gw), mw = f16_lo_to_f32(_mm256_srli_epi32(gw, 16));
-    const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    const __m256i dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-    const __m256i pair = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const __m256 dwl = _mm256_permutevar8x32_ps(dw, dup_lo), dwh = _mm256_permutevar8x32_ps(dw, dup_hi);
-    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int k = 0; k < 8; k++) q[k] = k < r ? q41h_codes(&x[b + k]) : _mm256_setzero_si256();
+    for (int g = 0; g < 2; g++)
+        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(&x[b + 4 * g + 0]) : 0,
+                               4 * g + 1 < r ? (int)tr_load_u32(&x[b + 4 * g + 1]) : 0,
+                               4 * g + 2 < r ? (int)tr_load_u32(&x[b + 4 * g + 2]) : 0,
+                               4 * g + 3 < r ? (int)tr_load_u32(&x[b + 4 * g + 3]) : 0);
+    /* each block's (d, m) f16 pair -> [d d d d m m m m] per four blocks, then d and m of all 8 */
+    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m128i s0 = _mm_shuffle_epi8(h4[0], pick), s1 = _mm_shuffle_epi8(h4[1], pick);
+    const __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(s0, s1));
+    const __m256 mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(s0, s1));
+    const __m256i live =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 #pragma GCC unroll 4
     for (int j = 0; j < nc; j++) {
-        const __m256 da = r == 8 ? _mm256_loadu_ps(side[j] + b) : _mm256_maskload_ps(side[j] + b, live);
-        const __m256 sa = r == 8 ? _mm256_loadu_ps(side[j] + nb + b)
-                                 : _mm256_maskload_ps(side[j] + nb + b, live);
+        __m256 da, sa;
+        if (r == 8) {
+            da = _mm256_loadu_ps(side[j] + b);
+            sa = _mm256_loadu_ps(side[j] + nb + b);
+        } else if (nb >= 8) {
+            /* a short last group of a row of 8+ blocks: load the 8 values ending at the row's
+             * end and rotate the live ones down (maskload is slow on this family) */
+            const __m256i rot = _mm256_and_si256(
+                _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 - r)),
+                _mm256_set1_epi32(7));
+            da = _mm256_and_ps(_mm256_castsi256_ps(live),
+                               _mm256_permutevar8x32_ps(_mm256_loadu_ps(side[j] + b + r - 8), rot));
+            sa = _mm256_and_ps(_mm256_castsi256_ps(live),
+                               _mm256_permutevar8x32_ps(_mm256_loadu_ps(side[j] + nb + b + r - 8), rot));
+        } else {
+            da = _mm256_maskload_ps(side[j] + b, live);
+            sa = _mm256_maskload_ps(side[j] + nb + b, live);
+        }
         __m256i p[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
-            p[k] = k < r ? dot_us8(q[k], _mm256_loadu_si256((const __m256i *)q32_act_codes(
-                                             Q32_Q4_1, a, j, b + k)))
+            p[k] = k < r ? _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)q32_act_codes(
+                                                      Q32_Q4_1, a, j, b + k)))
                          : _mm256_setzero_si256();
-        const __m256i il = _mm256_permutevar8x32_epi32(
-            _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3])), pair);
-        const __m256i ih = _mm256_permutevar8x32_epi32(
-            _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7])), pair);
-        lo[j] = _mm256_fmadd_ps(_mm256_mul_ps(dwl, _mm256_permutevar8x32_ps(da, dup_lo)),
-                                _mm256_cvtepi32_ps(il), lo[j]);
-        hi[j] = _mm256_fmadd_ps(_mm256_mul_ps(dwh, _mm256_permutevar8x32_ps(da, dup_hi)),
-                                _mm256_cvtepi32_ps(ih), hi[j]);
+        /* t: low lane the 8 blocks' first-half dots, high lane their second-half dots */
+        const __m256i t = q41h_sum64(q41h_sum32(q41h_sum16(p[0], p[1]), q41h_sum16(p[2], p[3])),
+                                     q41h_sum32(q41h_sum16(p[4], p[5]), q41h_sum16(p[6], p[7])));
+        const __m128i A = _mm256_castsi256_si128(t), B = _mm256_extracti128_si256(t, 1);
+        const __m256i il = _mm256_cvtepi16_epi32(_mm_unpacklo_epi16(A, B));
+        const __m256i ih = _mm256_cvtepi16_epi32(_mm_unpackhi_epi16(A, B));
+        /* d_w·d_a once per block, then duplicated to the block's two half lanes */
+        const __m256 prod = _mm256_mul_ps(dw, da);
+        const __m128 P = _mm256_castps256_ps128(prod), Q = _mm256_extractf128_ps(prod, 1);
+        const __m256 sl = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_unpacklo_ps(P, P)),
+                                               _mm_unpackhi_ps(P, P), 1);
+        const __m256 sh = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_unpacklo_ps(Q, Q)),
+                                               _mm_unpackhi_ps(Q, Q), 1);
+        lo[j] = _mm256_fmadd_ps(sl, _mm256_cvtepi32_ps(il), lo[j]);
+        hi[j] = _mm256_fmadd_ps(sh, _mm256_cvtepi32_ps(ih), hi[j]);
         cacc[j] = _mm256_fmadd_ps(mw, sa, cacc[j]);
     }
 }
 
+#define Q41H_TAIL(k)                                                                               \
+    case k: q41h_group(k, nc, x, a, side, nb, b, lo, hi, cacc); break;
 TR_ALWAYS_INLINE void q41h_side_impl(int64_t n, const int nc, float *restrict s, size_t s_stride,
                                      const void *restrict w, const void *restrict va,
                                      size_t a_stride, const float *restrict vside,
@@ -465,11 +514,16 @@ TR_ALWAYS_INLINE void q41h_side_impl(int64_t n, const int nc, float *restrict s,
         prefetch_block(&x[b], 8 * sizeof(tr_blk_q4_1));
         q41h_group(8, nc, x, a, side, nb, b, lo, hi, cacc);
     }
-    if (b < nb) q41h_group((int)(nb - b), nc, x, a, side, nb, b, lo, hi, cacc);
+    /* the tail's block count as a constant, so its unused blocks cost nothing */
+    switch (nb - b) {
+        Q41H_TAIL(1) Q41H_TAIL(2) Q41H_TAIL(3) Q41H_TAIL(4) Q41H_TAIL(5) Q41H_TAIL(6) Q41H_TAIL(7)
+    default: break;
+    }
 #pragma GCC unroll 4
     for (int j = 0; j < nc; j++)
         s[(size_t)j * s_stride] = hsum_ps256(_mm256_add_ps(lo[j], hi[j])) + hsum_ps256(cacc[j]);
 }
+#undef Q41H_TAIL
 
 #define Q41H_CASE(k)                                                                               \
     case k: q41h_side_impl(n, k, s0, s_stride, w, a0, a_stride, d0, side_stride); break;
