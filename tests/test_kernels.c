@@ -1047,10 +1047,12 @@ int main(int argc, char **argv) {
     printf("  simulated kernel bugs: each kind flagged on >= %d of 8 random rows\n", min_hits);
 
     /* row lengths: every tail case of the float loops (16/64-element steps, 8/16-element
-     * vectors), and for block types 1, 2, 3 ... blocks, odd counts and a few thousand elements */
+     * vectors), and for block types 1, 2, 3 ... blocks, odd counts and a few thousand elements;
+     * 32-element blocks: every short last group (1..7 blocks) after whole groups of 8 */
     static const int64_t n_float[] = {1,  2,  3,  5,  7,  8,   9,   15,  16,  17,   31,   32,  33,
                                       47, 63, 64, 65, 79, 127, 128, 129, 255, 1000, 4097, 5000};
-    static const int64_t nb_32[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 14, 16, 17, 18, 33, 48, 100, 156};
+    static const int64_t nb_32[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  11,  13,
+                                    14, 15, 16, 17, 18, 20, 33, 48, 100, 156};
     static const int64_t nb_256[] = {1, 2, 3, 4, 5, 7, 16, 19};
     for (int f = 1; f < N_FAMS; f++) {
         if (!fams[f]) {

@@ -317,6 +317,45 @@ TR_ALWAYS_INLINE void q32_side_group8(const int kind, const int nc, const char *
     }
 }
 
+/* The last r < 8 blocks b..b+r-1 of a row of at least 8 (r a constant after inlining): the same
+ * products and sums in the same order as the one-block-at-a-time loop (every block into acc[0],
+ * the code-sum terms into csum one after the other), with the weight scales converted and
+ * multiplied by the activation scales eight at a time as in q32_side_group8 instead of one
+ * scalar conversion per block. Only the r heads inside the row are read; the 8 activation scales
+ * loaded from side + b lie inside the row's table (b + 8 <= nb + 8 - r <= 2·nb for nb >= 8). */
+TR_ALWAYS_INLINE void q32_side_tail(const int kind, const int r, const int nc, const char *w,
+                                    const char *const *a, const float *const *side, int64_t nb,
+                                    int64_t b, __m256i table, __m256 (*acc)[TR_MAX_NC],
+                                    float *csum) {
+    const size_t wb = q32_wbytes(kind);
+    const char *w0 = w + (size_t)b * wb;
+    __m128i h4[2];
+    for (int g = 0; g < 2; g++)
+        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(w0 + (4 * g + 0) * wb) : 0,
+                               4 * g + 1 < r ? (int)tr_load_u32(w0 + (4 * g + 1) * wb) : 0,
+                               4 * g + 2 < r ? (int)tr_load_u32(w0 + (4 * g + 2) * wb) : 0,
+                               4 * g + 3 < r ? (int)tr_load_u32(w0 + (4 * g + 3) * wb) : 0);
+    const __m256i gw = _mm256_inserti128_si256(_mm256_castsi128_si256(h4[0]), h4[1], 1);
+    const __m256 dw = kind == Q32_MXFP4 ? e8m0_lo_to_f32(gw) : f16_lo_to_f32(gw);
+    float sc[TR_MAX_NC][8];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) _mm256_storeu_ps(sc[j], _mm256_mul_ps(dw, _mm256_loadu_ps(side[j] + b)));
+#pragma GCC unroll 8
+    for (int k = 0; k < r; k++) {
+        const __m256i q = q32_side_codes(kind, w0 + (size_t)k * wb, table);
+        const __m256i uq = _mm256_sign_epi8(q, q);
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            const __m256 p =
+                _mm256_cvtepi32_ps(q32_side_dot(kind, q, uq, q32_act_codes(kind, a, j, b + k)));
+            acc[0][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[j][k]), p, acc[0][j]);
+            if (q32_side_offset(kind)) csum[j] += sc[j][k] * side[j][nb + b + k];
+        }
+    }
+}
+
+#define Q32_SIDE_TAIL(k)                                                                           \
+    case k: q32_side_tail(kind, k, nc, w, a, side, nb, b, table, acc, csum); break;
 TR_ALWAYS_INLINE void q32_side_impl(const int kind, int64_t n, const int nc, float *restrict s,
                                     size_t s_stride, const void *restrict w,
                                     const void *restrict va, size_t a_stride,
@@ -337,6 +376,15 @@ TR_ALWAYS_INLINE void q32_side_impl(const int kind, int64_t n, const int nc, flo
     }
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) q32_side_group8(kind, nc, w, a, side, nb, b, table, acc, cacc);
+    /* the tail's block count as a constant, so its unused blocks cost nothing */
+    if (b > 0 && !q32_with_min(kind)) {
+        switch (nb - b) {
+            Q32_SIDE_TAIL(1) Q32_SIDE_TAIL(2) Q32_SIDE_TAIL(3) Q32_SIDE_TAIL(4) Q32_SIDE_TAIL(5)
+            Q32_SIDE_TAIL(6) Q32_SIDE_TAIL(7)
+        default: break;
+        }
+        b = nb;
+    }
     for (; b < nb; b++) { /* row tail: one block at a time with scalar scales */
         const char *blk = (const char *)w + (size_t)b * wb;
         float m = 0.0f;
@@ -365,11 +413,18 @@ TR_ALWAYS_INLINE void q32_side_impl(const int kind, int64_t n, const int nc, flo
 
 /* the vec_dot_side entry point of an impl(n, nc, s, s_stride, w, a, a_stride, side, side_stride):
  * up to TR_SIDE_MAX_NC columns, TR_MAX_NC at a time (sixteen registers hold four columns' four
- * accumulators) */
+ * accumulators). One column (decode, one call per weight row) has a function of its own: with
+ * every column count inlined into one body, each call paid about 90 instructions of set-up for
+ * the other counts' loops, a fifth of a 640-element Q8_0 row's work. */
 #define TR_X86_SIDE_CASE(kind, k)                                                                  \
     case k: q32_side_impl(kind, n, k, s0, s_stride, w, a0, a_stride, d0, side_stride); break;
 #define TR_X86_SIDE_ENTRY(name, kind)                                                              \
-    static __attribute__((unused)) void name(                                                      \
+    static __attribute__((noinline, unused)) void name##_one(                                     \
+        int64_t n, float *restrict s, const void *restrict w, const void *restrict a,              \
+        const float *restrict side) {                                                              \
+        q32_side_impl(kind, n, 1, s, 0, w, a, 0, side, 0);                                         \
+    }                                                                                              \
+    static __attribute__((noinline, unused)) void name##_many(                                     \
         int64_t n, int nc, float *restrict s, size_t s_stride, const void *restrict w,             \
         const void *restrict a, size_t a_stride, const float *restrict side, size_t side_stride) { \
         for (int j0 = 0; j0 < nc; j0 += TR_MAX_NC) {                                               \
@@ -383,6 +438,12 @@ TR_ALWAYS_INLINE void q32_side_impl(const int kind, int64_t n, const int nc, flo
             default: TR_X86_SIDE_CASE(kind, 4)                                                     \
             }                                                                                      \
         }                                                                                          \
+    }                                                                                              \
+    static __attribute__((unused)) void name(                                                      \
+        int64_t n, int nc, float *restrict s, size_t s_stride, const void *restrict w,             \
+        const void *restrict a, size_t a_stride, const float *restrict side, size_t side_stride) { \
+        if (nc == 1) name##_one(n, s, w, a, side);                                                 \
+        else name##_many(n, nc, s, s_stride, w, a, a_stride, side, side_stride);                   \
     }
 TR_X86_SIDE_ENTRY(ymm_dot_side_q4_0, Q32_Q4_0)
 TR_X86_SIDE_ENTRY(ymm_dot_side_q5_0, Q32_Q5_0)
@@ -392,6 +453,7 @@ TR_X86_SIDE_ENTRY(ymm_dot_side_mxfp4, Q32_MXFP4)
 TR_X86_SIDE_ENTRY(ymm_dot_side_q5_1, Q32_Q5_1)
 #undef TR_X86_SIDE_ENTRY
 #undef TR_X86_SIDE_CASE
+#undef Q32_SIDE_TAIL
 
 /* ------------------------------------------------------ Q4_1 with side tables, half-block lanes */
 
