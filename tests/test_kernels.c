@@ -314,6 +314,34 @@ static void check_side(const tr_kernels *fast, int fam, int ti, int64_t n, const
     for (int j = 0; j < N_ACT; j++)
         fast->vec_dot_side[t](n, 1, &alone[j], ss, w, a + (size_t)j * astride, astride,
                               side + (size_t)j * sstride, sstride);
+    /* one activation row against several weight rows (vec_dot_side_rows): w, w with its blocks in
+     * reverse order, w again, a block apart more than their size; each row must get the bits
+     * vec_dot_side gives it alone, and nothing past the rows may be written */
+    if (fast->vec_dot_side_rows[t]) {
+        const size_t bw = tr_type_block_bytes(t), wbytes = tr_type_row_bytes(t, n);
+        const size_t wstride = wbytes + bw;
+        uint8_t *rows = alloc_off(3 * wstride, row_offset(t));
+        for (int r = 0; r < 3; r++) memcpy(rows + (size_t)r * wstride, w, wbytes);
+        for (int64_t b = 0; b < nb; b++)
+            memcpy(rows + wstride + (size_t)b * bw, (const uint8_t *)w + (size_t)(nb - 1 - b) * bw,
+                   bw);
+        for (int j = 0; j < N_ACT; j++) {
+            float got[4] = {NAN, NAN, NAN, NAN}, want[3];
+            const float *sd = side + (size_t)j * sstride;
+            fast->vec_dot_side_rows[t](n, 3, got, rows, wstride, a + (size_t)j * astride, sd);
+            for (int r = 0; r < 3; r++) {
+                fast->vec_dot_side[t](n, 1, &want[r], 1, rows + (size_t)r * wstride,
+                                      a + (size_t)j * astride, astride, sd, sstride);
+                TU_CHECK(!memcmp(&got[r], &want[r], sizeof(float)),
+                         "%s %s vec_dot_side_rows n=%lld col %d row %d: %.9g, not the bits of "
+                         "vec_dot_side (%.9g)", fast->isa, tr_type_name(t), (long long)n, j, r,
+                         got[r], want[r]);
+            }
+            TU_CHECK(isnan(got[3]), "%s %s vec_dot_side_rows wrote past its rows", fast->isa,
+                     tr_type_name(t));
+        }
+        free_off(rows, row_offset(t));
+    }
     /* the kernels to check: the family's, its wide one, the AVX2 family's for AVX-512 */
     const tr_kernels *avx2 = strcmp(fast->isa, "avx512") ? NULL : tr_kernels_by_name("avx2");
     const char *const what[3] = {"vec_dot_side", "vec_dot_side_wide", "avx2 vec_dot_side"};

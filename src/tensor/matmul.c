@@ -131,6 +131,10 @@ static void dot_rows(const mm_job *j, const tr_mat *W, float *y, int64_t b, int6
     const tr_vec_dot_nc_fn dot_nc = j->k->vec_dot_nc[W->type];
     const tr_vec_dot_side_fn dot_side = j->side ? j->dot_side : NULL;
     const tr_vec_dot_2r_fn dot_2r = j->k->vec_dot_2r[W->type];
+    /* one call per tile for one activation row, where it is the kernel dot_side is */
+    const tr_vec_dot_side_rows_fn side_rows =
+        dot_side && dot_side == j->k->vec_dot_side[W->type] ? j->k->vec_dot_side_rows[W->type]
+                                                            : NULL;
     for (int64_t r0 = b; r0 < e; r0 += MM_TILE_ROWS) {
         const int64_t r1 = r0 + MM_TILE_ROWS < e ? r0 + MM_TILE_ROWS : e;
         const int max_nc = dot_side                   ? TR_SIDE_MAX_NC
@@ -147,6 +151,11 @@ static void dot_rows(const mm_job *j, const tr_mat *W, float *y, int64_t b, int6
                     dot_2r(K, nc, y + m * N + r, (size_t)N,
                            (const char *)W->data + (size_t)r * W->row_bytes, W->row_bytes, xq,
                            j->xq_row);
+            if (side_rows && nc == 1) {
+                side_rows(K, r1 - r, y + m * N + r, (const char *)W->data + (size_t)r * W->row_bytes,
+                          W->row_bytes, xq, j->side + (size_t)m * j->side_row);
+                r = r1;
+            }
             for (; r < r1; r++) {
                 const char *row = (const char *)W->data + (size_t)r * W->row_bytes;
                 if (dot_side) {

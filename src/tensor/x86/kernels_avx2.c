@@ -177,12 +177,18 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
 #undef SET
     /* matmul's path with activation side tables (kernels.h) for the 32-element block types */
     k->vec_dot_side[TR_TYPE_Q4_0] = ymm_dot_side_q4_0;
+    k->vec_dot_side_rows[TR_TYPE_Q4_0] = ymm_dot_side_q4_0_rows;
     k->vec_dot_side[TR_TYPE_Q5_0] = ymm_dot_side_q5_0;
+    k->vec_dot_side_rows[TR_TYPE_Q5_0] = ymm_dot_side_q5_0_rows;
     k->vec_dot_side[TR_TYPE_Q8_0] = ymm_dot_side_q8_0;
+    k->vec_dot_side_rows[TR_TYPE_Q8_0] = ymm_dot_side_q8_0_rows;
     k->vec_dot_side[TR_TYPE_IQ4_NL] = ymm_dot_side_iq4_nl;
+    k->vec_dot_side_rows[TR_TYPE_IQ4_NL] = ymm_dot_side_iq4_nl_rows;
     k->vec_dot_side[TR_TYPE_MXFP4] = ymm_dot_side_mxfp4;
+    k->vec_dot_side_rows[TR_TYPE_MXFP4] = ymm_dot_side_mxfp4_rows;
     k->vec_dot_side[TR_TYPE_Q4_1] = ymm_dot_side_q4_1h;
     k->vec_dot_side[TR_TYPE_Q5_1] = ymm_dot_side_q5_1;
+    k->vec_dot_side_rows[TR_TYPE_Q5_1] = ymm_dot_side_q5_1_rows;
     k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;
     k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
     k->from_float[TR_TYPE_Q8_0] = avx2_quant_q8_0;

@@ -624,12 +624,18 @@ void tr_kernels_fill_avx512(tr_kernels *k) {
     k->axpy_rows[TR_TYPE_Q4_0] = zmm_axpy_rows_q4_0;
     k->axpy_rows[TR_TYPE_Q8_0] = zmm_axpy_rows_q8_0;
     k->vec_dot_side[TR_TYPE_Q4_0] = ymm_dot_side_q4_0;
+    k->vec_dot_side_rows[TR_TYPE_Q4_0] = ymm_dot_side_q4_0_rows;
     k->vec_dot_side[TR_TYPE_Q5_0] = ymm_dot_side_q5_0;
+    k->vec_dot_side_rows[TR_TYPE_Q5_0] = ymm_dot_side_q5_0_rows;
     k->vec_dot_side[TR_TYPE_Q8_0] = ymm_dot_side_q8_0;
+    k->vec_dot_side_rows[TR_TYPE_Q8_0] = ymm_dot_side_q8_0_rows;
     k->vec_dot_side[TR_TYPE_IQ4_NL] = ymm_dot_side_iq4_nl;
+    k->vec_dot_side_rows[TR_TYPE_IQ4_NL] = ymm_dot_side_iq4_nl_rows;
     k->vec_dot_side[TR_TYPE_MXFP4] = ymm_dot_side_mxfp4;
+    k->vec_dot_side_rows[TR_TYPE_MXFP4] = ymm_dot_side_mxfp4_rows;
     k->vec_dot_side[TR_TYPE_Q4_1] = ymm_dot_side_q4_1h;
     k->vec_dot_side[TR_TYPE_Q5_1] = ymm_dot_side_q5_1;
+    k->vec_dot_side_rows[TR_TYPE_Q5_1] = ymm_dot_side_q5_1_rows;
     k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;
     k->act_side[TR_TYPE_Q8_1] = ymm_act_side_q8_1;
     /* the same products over wide tables, two blocks per 512-bit register (zmm_q32.h) */

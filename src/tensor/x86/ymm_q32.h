@@ -424,6 +424,13 @@ TR_ALWAYS_INLINE void q32_side_impl(const int kind, int64_t n, const int nc, flo
         const float *restrict side) {                                                              \
         q32_side_impl(kind, n, 1, s, 0, w, a, 0, side, 0);                                         \
     }                                                                                              \
+    static __attribute__((noinline, unused)) void name##_rows(                                     \
+        int64_t n, int64_t rows, float *restrict s, const void *restrict w, size_t w_stride,       \
+        const void *restrict a, const float *restrict side) {                                      \
+        for (int64_t r = 0; r < rows; r++)                                                         \
+            q32_side_impl(kind, n, 1, s + r, 0, (const char *)w + (size_t)r * w_stride, a, 0,      \
+                          side, 0);                                                                \
+    }                                                                                              \
     static __attribute__((noinline, unused)) void name##_many(                                     \
         int64_t n, int nc, float *restrict s, size_t s_stride, const void *restrict w,             \
         const void *restrict a, size_t a_stride, const float *restrict side, size_t side_stride) { \
