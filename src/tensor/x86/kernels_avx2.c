@@ -187,6 +187,7 @@ void tr_kernels_fill_avx2(tr_kernels *k) {
     k->vec_dot_side[TR_TYPE_MXFP4] = ymm_dot_side_mxfp4;
     k->vec_dot_side_rows[TR_TYPE_MXFP4] = ymm_dot_side_mxfp4_rows;
     k->vec_dot_side[TR_TYPE_Q4_1] = ymm_dot_side_q4_1h;
+    k->vec_dot_side_rows[TR_TYPE_Q4_1] = ymm_dot_side_q4_1h_rows;
     k->vec_dot_side[TR_TYPE_Q5_1] = ymm_dot_side_q5_1;
     k->vec_dot_side_rows[TR_TYPE_Q5_1] = ymm_dot_side_q5_1_rows;
     k->act_side[TR_TYPE_Q8_0] = ymm_act_side_q8_0;

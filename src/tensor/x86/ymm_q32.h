@@ -615,6 +615,14 @@ static __attribute__((unused)) void ymm_dot_side_q4_1h(int64_t n, int nc, float 
 }
 #undef Q41H_CASE
 
+/* vec_dot_side_rows (kernels.h): one call per tile of weight rows for one activation row */
+static __attribute__((noinline, unused)) void ymm_dot_side_q4_1h_rows(
+    int64_t n, int64_t rows, float *restrict s, const void *restrict w, size_t w_stride,
+    const void *restrict a, const float *restrict side) {
+    for (int64_t r = 0; r < rows; r++)
+        q41h_side_impl(n, 1, s + r, 0, (const char *)w + (size_t)r * w_stride, a, 0, side, 0);
+}
+
 #define Q32_IMPL(kind, fn)                                                                         \
     TR_ALWAYS_INLINE void fn(int64_t n, const int nc, float *restrict s, size_t ss,                \
                              const void *restrict w, const void *restrict a, size_t as) {          \
