@@ -615,13 +615,104 @@ static __attribute__((unused)) void ymm_dot_side_q4_1h(int64_t n, int nc, float 
 }
 #undef Q41H_CASE
 
+/* One activation row (decode): q41h_group's arithmetic with its lanes arranged for one column.
+ * Lane k of A holds what q41h_group's lane 2k (of lo for k < 4, of hi - 8 after) holds, lane k of
+ * B lane 2k + 1: the first- and second-half dots of block k. Both then take block k's d_w·d_a
+ * exactly as the product gives it (no duplication shuffles), the int16 sums are widened without
+ * an interleave, and every lane gets the same FMAs in the same order; the lanes are put back in
+ * q41h's order once per row (q41h1_sum), so a row has the bits of every other column count. */
+TR_ALWAYS_INLINE void q41h1_group(const int r, const tr_blk_q4_1 *x, const tr_blk_q8_1 *y,
+                                  __m256 da, __m256 sa, __m256 *A, __m256 *B, __m256 *cacc) {
+    __m256i p[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+        p[k] = k < r ? _mm256_maddubs_epi16(unpack_nibbles32(x[k].qs),
+                                            _mm256_loadu_si256((const __m256i *)y[k].qs))
+                     : _mm256_setzero_si256();
+    __m128i h4[2];
+    for (int g = 0; g < 2; g++)
+        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(&x[4 * g + 0]) : 0,
+                               4 * g + 1 < r ? (int)tr_load_u32(&x[4 * g + 1]) : 0,
+                               4 * g + 2 < r ? (int)tr_load_u32(&x[4 * g + 2]) : 0,
+                               4 * g + 3 < r ? (int)tr_load_u32(&x[4 * g + 3]) : 0);
+    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m128i s0 = _mm_shuffle_epi8(h4[0], pick), s1 = _mm_shuffle_epi8(h4[1], pick);
+    const __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(s0, s1));
+    const __m256 mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(s0, s1));
+    /* low lane: the 8 blocks' first-half dots, high lane: their second-half dots */
+    const __m256i t = q41h_sum64(q41h_sum32(q41h_sum16(p[0], p[1]), q41h_sum16(p[2], p[3])),
+                                 q41h_sum32(q41h_sum16(p[4], p[5]), q41h_sum16(p[6], p[7])));
+    const __m256 prod = _mm256_mul_ps(dw, da);
+    *A = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(t))),
+                         *A);
+    *B = _mm256_fmadd_ps(prod,
+                         _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(t, 1))),
+                         *B);
+    *cacc = _mm256_fmadd_ps(mw, sa, *cacc);
+}
+
+/* q41h_side_impl's result from A and B: lo + hi is [A0+A4 B0+B4 A1+A5 B1+B5 | A2+A6 ... B3+B7],
+ * then hsum_ps256's adds */
+TR_ALWAYS_INLINE float q41h1_sum(__m256 A, __m256 B, __m256 cacc) {
+    const __m256 ul = _mm256_unpacklo_ps(A, B), uh = _mm256_unpackhi_ps(A, B);
+    __m128 v = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(ul), _mm256_extractf128_ps(ul, 1)),
+                          _mm_add_ps(_mm256_castps256_ps128(uh), _mm256_extractf128_ps(uh, 1)));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    return _mm_cvtss_f32(v) + hsum_ps256(cacc);
+}
+
+/* rows of nb blocks, nb % 8 = r (a constant: the short last group costs only its blocks); the
+ * short group's activation scales and sums are the same for every row, so they are picked (and
+ * the lanes past the row zeroed) once */
+TR_ALWAYS_INLINE void q41h1_rows(const int r, int64_t nb, int64_t rows, float *restrict s,
+                                 const char *w, size_t w_stride, const tr_blk_q8_1 *y,
+                                 const float *side) {
+    const int64_t b8 = nb - r; /* blocks in whole groups */
+    __m256 tda = _mm256_setzero_ps(), tsa = _mm256_setzero_ps();
+    if (r) {
+        const __m256i live =
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        if (nb >= 8) { /* the 8 values ending at the row's end, rotated down, as in q41h_group */
+            const __m256i rot = _mm256_and_si256(
+                _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 - r)),
+                _mm256_set1_epi32(7));
+            tda = _mm256_and_ps(_mm256_castsi256_ps(live),
+                                _mm256_permutevar8x32_ps(_mm256_loadu_ps(side + nb - 8), rot));
+            tsa = _mm256_and_ps(_mm256_castsi256_ps(live),
+                                _mm256_permutevar8x32_ps(_mm256_loadu_ps(side + 2 * nb - 8), rot));
+        } else {
+            tda = _mm256_maskload_ps(side, live);
+            tsa = _mm256_maskload_ps(side + nb, live);
+        }
+    }
+    for (int64_t row = 0; row < rows; row++) {
+        const tr_blk_q4_1 *x = (const tr_blk_q4_1 *)(const void *)(w + (size_t)row * w_stride);
+        __m256 A = _mm256_setzero_ps(), B = _mm256_setzero_ps(), cacc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < b8; b += 8) {
+            prefetch_block(&x[b], 8 * sizeof(tr_blk_q4_1));
+            q41h1_group(8, x + b, y + b, _mm256_loadu_ps(side + b), _mm256_loadu_ps(side + nb + b),
+                        &A, &B, &cacc);
+        }
+        if (r) q41h1_group(r, x + b8, y + b8, tda, tsa, &A, &B, &cacc);
+        s[row] = q41h1_sum(A, B, cacc);
+    }
+}
+
 /* vec_dot_side_rows (kernels.h): one call per tile of weight rows for one activation row */
+#define Q41H1_CASE(k)                                                                              \
+    case k: q41h1_rows(k, nb, rows, s, w, w_stride, a, side); break;
 static __attribute__((noinline, unused)) void ymm_dot_side_q4_1h_rows(
     int64_t n, int64_t rows, float *restrict s, const void *restrict w, size_t w_stride,
     const void *restrict a, const float *restrict side) {
-    for (int64_t r = 0; r < rows; r++)
-        q41h_side_impl(n, 1, s + r, 0, (const char *)w + (size_t)r * w_stride, a, 0, side, 0);
+    const int64_t nb = n / TR_QK32;
+    switch (nb % 8) {
+        Q41H1_CASE(0) Q41H1_CASE(1) Q41H1_CASE(2) Q41H1_CASE(3) Q41H1_CASE(4) Q41H1_CASE(5)
+        Q41H1_CASE(6) Q41H1_CASE(7)
+    default: break;
+    }
 }
+#undef Q41H1_CASE
 
 #define Q32_IMPL(kind, fn)                                                                         \
     TR_ALWAYS_INLINE void fn(int64_t n, const int nc, float *restrict s, size_t ss,                \
