@@ -36,8 +36,9 @@ typedef void (*tr_act_side_fn)(const void *restrict aq, int64_t nb, int64_t b0, 
 /* vec_dot_nc taking the side table of each activation row (side + j * side_stride floats), for
  * up to TR_SIDE_MAX_NC rows: the decode rows of a batch */
 #define TR_SIDE_MAX_NC 8
-/* tr_matmul uses the wide tables for products of at most this many activation rows (the decode
- * rows of a step; a long prompt's tables would take MiBs of scratch per session) */
+/* tr_matmul uses the wide tables for products of 2 to this many activation rows (the decode
+ * rows of a step; a long prompt's tables would take MiBs of scratch per session), and for one
+ * row only where the type has no vec_dot_side_rows */
 #define TR_SIDE_WIDE_MAX_M 64
 #define TR_SIDE_WIDE_FLOATS_MAX 36 /* the most floats per block of any family's wide table */
 typedef void (*tr_vec_dot_side_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
