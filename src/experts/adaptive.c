@@ -526,7 +526,12 @@ uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
     /* layered: a layer over its fair share pays for its own misses */
     if (rule == R_LAYERED && staging >= 0 &&
         p->layer_used[staging] + incoming > p->share[staging]) {
+        /* its lowest key only: a list of one is that list's first entry (equal keys keep ev's
+         * order either way) at a fraction of the inserts */
+        const uint32_t cap = p->cand_cap;
+        p->cand_cap = 1;
         fill_candidates(p, rule, acc, staging);
+        p->cand_cap = cap;
         if (p->cand_n) return p->cand[0];
     }
     for (int pass = 0; pass < 2; pass++) {
