@@ -515,14 +515,15 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t on
     p->cand_valid = only < 0;
 }
 
-static tr_adapt *duel_pred(tr_duel *d);
-
 uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
     const int rule = p->duel ? tr_duel_lead(p->duel) : R_KNN;
-    /* the rows of the layers this policy holds experts of: the scan reads no other */
+    /* a shadow (knn's, the duel's predictor borrowed) holds the sampled layers only and asks
+     * for their rows; the real cache asks for every row, whose whole-table loop costs less than
+     * row by row when its size classes (one policy each) hold layers in turn */
     const float *acc = rule != R_KNN ? NULL
-                                     : tr_adapt_predict_layers(p->duel ? duel_pred(p->duel) : p->ad,
-                                                               p->layer_used);
+                       : p->duel     ? tr_duel_predict(p->duel)
+                                     : tr_adapt_predict_layers(p->ad, p->ad_borrowed ? p->layer_used
+                                                                                     : NULL);
     /* layered: a layer over its fair share pays for its own misses */
     if (rule == R_LAYERED && staging >= 0 &&
         p->layer_used[staging] + incoming > p->share[staging]) {
@@ -743,8 +744,6 @@ bool tr_duel_feed_now(tr_duel *d) {
 int tr_duel_lead(const tr_duel *d) { return d->lead; }
 
 const float *tr_duel_predict(tr_duel *d) { return tr_adapt_predict(d->pred); }
-
-static tr_adapt *duel_pred(tr_duel *d) { return d->pred; }
 
 void tr_duel_lead_steps(const tr_duel *d, uint64_t *out) {
     for (int r = 0; r < TR_POLICY_N_RULES; r++) out[r] = d->lead_steps[r];

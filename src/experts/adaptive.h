@@ -52,9 +52,8 @@ void tr_adapt_route(tr_adapt *a, int32_t layer, const tr_policy_route_info *info
  * the current layer step (all 0 inside a multi-row batch or before any history) */
 const float *tr_adapt_predict(tr_adapt *a);
 /* the same, only the rows of the layers with need[l] > 0 (the others hold what they held): a
- * policy's scan reads the layers it holds experts of, a shadow's only the sampled ones. Rows
- * already made at this step are kept, so the real cache and a shadow asking at one step share
- * them. */
+ * shadow asks for its sampled layers. Rows already made at this step are kept, so the real
+ * cache and a shadow asking at one step share them. */
 const float *tr_adapt_predict_layers(tr_adapt *a, const uint64_t *need);
 
 /* set dueling */
