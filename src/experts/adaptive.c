@@ -104,6 +104,7 @@ struct tr_adapt {
      * layers it holds experts of (a shadow: the sampled ones), and another asking at the same
      * step adds only the rows still missing */
     uint64_t *acc_step;
+    uint64_t all_step; /* the step whose prediction every row holds (the real cache's ask) */
     int32_t *nb_lag; /* [NEIGH] */
     double *nb_s;
     int nb_n;
@@ -272,6 +273,7 @@ static void vote(tr_adapt *a, size_t slot, int32_t m0, int32_t m1, float w) {
  * neighbour, token by token), so every key receives the same float adds in the same order and a
  * row is bit for bit what a prediction of all layers gives. */
 const float *tr_adapt_predict_layers(tr_adapt *a, const uint64_t *need) {
+    if (a->all_step == a->step) return a->acc; /* the common ask again: no pass over the rows */
     const int32_t L = a->L;
     int32_t n_row = 0;
     for (int32_t m = 0; m < L; m++) n_row += (!need || need[m]) && a->acc_step[m] != a->step;
@@ -332,6 +334,7 @@ const float *tr_adapt_predict_layers(tr_adapt *a, const uint64_t *need) {
     if (n_row == L) { /* every row: the neighbours' rows whole, layer range by layer range */
         memset(a->acc, 0, (size_t)a->n_keys * sizeof *a->acc);
         for (int32_t m = 0; m < L; m++) a->acc_step[m] = a->step;
+        a->all_step = a->step;
         for (int v = 0; v < nv; v++) {
             if (lo_slot[v] >= 0) vote(a, (size_t)lo_slot[v], 0, j + 1, w_of[v]);
             if (hi_slot[v] >= 0) vote(a, (size_t)hi_slot[v], j + 1, L, w_of[v]);
@@ -387,7 +390,7 @@ tr_adapt *tr_adapt_create(int32_t n_layer, int32_t n_expert, int32_t n_expert_us
         return NULL;
     }
     for (int32_t m = 0; m < a->L; m++) a->acc_step[m] = UINT64_MAX;
-    a->nb_step = UINT64_MAX;
+    a->nb_step = a->all_step = UINT64_MAX;
     return a;
 }
 
