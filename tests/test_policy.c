@@ -887,6 +887,62 @@ static void test_similarity_variants(const char *isa) {
     tr_adapt_free(slow);
 }
 
+/* The prediction of some layers only (a shadow asks for its sampled ones) against that of all:
+ * bit for bit on the rows asked for, at every step, whichever rows were asked for first. */
+static void test_predict_layers(void) {
+    enum { L = 7, E = 40, K = 4, TOK = 700 };
+    tr_adapt *part = tr_adapt_create(L, E, K), *whole = tr_adapt_create(L, E, K);
+    TU_CHECK(part && whole, "tr_adapt_create");
+    if (!part || !whole) {
+        tr_adapt_free(part);
+        tr_adapt_free(whole);
+        return;
+    }
+    tu_rng rng = {31};
+    int32_t prev[L][K] = {{0}};
+    int differ = 0, rows = 0;
+    for (int t = 0; t < TOK; t++)
+        for (int l = 0; l < L; l++) {
+            int32_t ex[K];
+            for (int q = 0; q < K; q++) {
+                int e;
+                bool dup;
+                do {
+                    e = tu_next(&rng) % 2 ? prev[l][q] : (int)(tu_next(&rng) % E);
+                    dup = false;
+                    for (int r = 0; r < q; r++) dup |= ex[r] == e;
+                    if (dup) e = (int)(tu_next(&rng) % E);
+                    dup = false;
+                    for (int r = 0; r < q; r++) dup |= ex[r] == e;
+                } while (dup);
+                ex[q] = prev[l][q] = e;
+            }
+            const tr_policy_route_info ri = {ex, NULL, K, NULL};
+            tr_adapt_route(part, l, &ri);
+            tr_adapt_route(whole, l, &ri);
+            /* two askers: a random subset, then another (rows of the first kept) */
+            uint64_t need1[L], need2[L];
+            for (int m = 0; m < L; m++) {
+                need1[m] = tu_next(&rng) % 3 == 0;
+                need2[m] = tu_next(&rng) % 2 == 0;
+            }
+            tr_adapt_predict_layers(part, need1);
+            const float *got = tr_adapt_predict_layers(part, need2);
+            const float *want = tr_adapt_predict(whole);
+            for (int m = 0; m < L; m++) {
+                if (!need1[m] && !need2[m]) continue;
+                differ += memcmp(got + m * E, want + m * E, sizeof(float) * E) != 0;
+                rows++;
+            }
+        }
+    TU_CHECK(differ == 0 && rows > 1000, "knn prediction by layers: %d of %d rows differ", differ,
+             rows);
+    printf("  knn prediction of some layers: %d rows asked for, bit for bit those of the whole "
+           "prediction\n", rows);
+    tr_adapt_free(part);
+    tr_adapt_free(whole);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Adaptive: follows the best rule                                                                */
 
@@ -1371,6 +1427,7 @@ int main(int argc, char **argv) {
     test_knn_predictor(true);
     test_similarity_variants(NULL);
     test_similarity_variants("avx2");
+    test_predict_layers();
     test_adaptive_follows();
     test_protect();
     test_no_alloc();

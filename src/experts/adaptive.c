@@ -99,9 +99,16 @@ struct tr_adapt {
     bool S_valid;
     int64_t S_tok;
     float *acc; /* [n_keys] the prediction of the current step */
-    uint64_t step, acc_step;
+    uint64_t step;
+    /* [L] the step whose prediction each layer's row of acc holds: a policy asks only for the
+     * layers it holds experts of (a shadow: the sampled ones), and another asking at the same
+     * step adds only the rows still missing */
+    uint64_t *acc_step;
+    uint64_t all_step; /* the step whose prediction every row holds (the real cache's ask) */
     int32_t *nb_lag; /* [NEIGH] */
     double *nb_s;
+    int nb_n;
+    uint64_t nb_step; /* the step nb_lag and nb_s were chosen at */
 };
 
 static uint64_t *mask_at(const tr_adapt *a, int64_t tok, int32_t layer) {
@@ -262,16 +269,23 @@ static void vote(tr_adapt *a, size_t slot, int32_t m0, int32_t m1, float w) {
     }
 }
 
-const float *tr_adapt_predict(tr_adapt *a) {
-    if (a->acc_step == a->step) return a->acc;
-    a->acc_step = a->step;
-    memset(a->acc, 0, (size_t)a->n_keys * sizeof *a->acc);
-    if (!a->cyc_single || !a->S_valid) return a->acc; /* in a batch: the LRFU order decides */
+/* Row by row, each neighbour's votes in the order of the whole-table loop (neighbour by
+ * neighbour, token by token), so every key receives the same float adds in the same order and a
+ * row is bit for bit what a prediction of all layers gives. */
+const float *tr_adapt_predict_layers(tr_adapt *a, const uint64_t *need) {
+    if (a->all_step == a->step) return a->acc; /* the common ask again: no pass over the rows */
+    const int32_t L = a->L;
+    int32_t n_row = 0;
+    for (int32_t m = 0; m < L; m++) n_row += (!need || need[m]) && a->acc_step[m] != a->step;
+    if (!n_row) return a->acc;
+    const size_t E = (size_t)a->E;
     const int64_t t = a->cyc_base;
     const int32_t j = a->cur_layer;
-    /* the NEIGH largest S: a min-heap on S */
+    /* the NEIGH largest S: a min-heap on S (none inside a batch: the LRFU order decides), once
+     * per step */
     int n = 0;
-    const int32_t dmax = max_lag(t);
+    const int32_t dmax = a->cyc_single && a->S_valid && a->nb_step != a->step ? max_lag(t) : 0;
+    if (a->nb_step == a->step) n = a->nb_n;
     for (int32_t d = 1; d <= dmax; d++) {
         const double s = (double)a->S[d];
         if (s <= 0 || (n == NEIGH && s <= a->nb_s[0])) continue;
@@ -298,20 +312,48 @@ const float *tr_adapt_predict(tr_adapt *a) {
         a->nb_s[i] = s;
         a->nb_lag[i] = d;
     }
+    a->nb_step = a->step;
+    a->nb_n = n;
+    /* per neighbour and token of the horizon: its weight and the slots it votes from, for the
+     * layers passed (m <= j: token t-d+1+h, up to t's own) and those ahead (m > j: token
+     * t-d+h, up to the last complete one, t-1); -1 where the ring does not hold that token */
+    float w_of[NEIGH * HORIZON];
+    int32_t lo_slot[NEIGH * HORIZON], hi_slot[NEIGH * HORIZON];
+    int nv = 0;
     for (int i = 0; i < n; i++) {
         const double s = a->nb_s[i];
         float w = (float)(s * s * s);
         const int32_t d = a->nb_lag[i];
-        /* h tokens after the aligned next visit: layers ahead of j, token t-d+h's choice (up to
-         * the last complete token, t-1); layers passed, token t-d+1+h's (up to t's own) */
-        for (int32_t h = 0; h < HORIZON; h++, w *= 0.5f) {
-            if (t - d + 1 + h <= t && have(a, t - d + 1 + h))
-                vote(a, slot_of(t - d + 1 + h), 0, j + 1, w);
-            if (t - d + h < t && have(a, t - d + h)) vote(a, slot_of(t - d + h), j + 1, a->L, w);
+        for (int32_t h = 0; h < HORIZON; h++, w *= 0.5f, nv++) {
+            w_of[nv] = w;
+            lo_slot[nv] = t - d + 1 + h <= t && have(a, t - d + 1 + h)
+                              ? (int32_t)slot_of(t - d + 1 + h) : -1;
+            hi_slot[nv] = t - d + h < t && have(a, t - d + h) ? (int32_t)slot_of(t - d + h) : -1;
         }
+    }
+    if (n_row == L) { /* every row: the neighbours' rows whole, layer range by layer range */
+        memset(a->acc, 0, (size_t)a->n_keys * sizeof *a->acc);
+        for (int32_t m = 0; m < L; m++) a->acc_step[m] = a->step;
+        a->all_step = a->step;
+        for (int v = 0; v < nv; v++) {
+            if (lo_slot[v] >= 0) vote(a, (size_t)lo_slot[v], 0, j + 1, w_of[v]);
+            if (hi_slot[v] >= 0) vote(a, (size_t)hi_slot[v], j + 1, L, w_of[v]);
+        }
+        return a->acc;
+    }
+    for (int32_t m = 0; m < L; m++) {
+        if ((need && !need[m]) || a->acc_step[m] == a->step) continue;
+        a->acc_step[m] = a->step;
+        float *out = a->acc + (size_t)m * E;
+        memset(out, 0, E * sizeof *out);
+        const int32_t *slots = m <= j ? lo_slot : hi_slot;
+        for (int v = 0; v < nv; v++)
+            if (slots[v] >= 0) vote(a, (size_t)slots[v], m, m + 1, w_of[v]);
     }
     return a->acc;
 }
+
+const float *tr_adapt_predict(tr_adapt *a) { return tr_adapt_predict_layers(a, NULL); }
 
 void tr_adapt_free(tr_adapt *a) {
     if (!a) return;
@@ -320,6 +362,7 @@ void tr_adapt_free(tr_adapt *a) {
     free(a->n_ids);
     free(a->S);
     free(a->acc);
+    free(a->acc_step);
     free(a->nb_lag);
     free(a->nb_s);
     free(a);
@@ -336,17 +379,18 @@ tr_adapt *tr_adapt_create(int32_t n_layer, int32_t n_expert, int32_t n_expert_us
     a->W = (n_expert + 63) / 64;
     a->n_keys = (uint32_t)n_layer * (uint32_t)n_expert;
     a->last_layer = -1;
-    a->acc_step = UINT64_MAX;
     choose_sim(a);
     const size_t ring_words = (size_t)a->L * (size_t)a->W * HIST;
     const size_t id_rows = (size_t)a->L * HIST, id_words = id_rows * (size_t)a->K;
     if (n_expert > 65536 || !ALLOC(a->ring, ring_words) ||
         !ALLOC(a->ids, id_words) || !ALLOC(a->n_ids, id_rows) ||
         !ALLOC(a->S, HIST) || !ALLOC(a->acc, a->n_keys) ||
-        !ALLOC(a->nb_lag, NEIGH) || !ALLOC(a->nb_s, NEIGH)) {
+        !ALLOC(a->nb_lag, NEIGH) || !ALLOC(a->nb_s, NEIGH) || !ALLOC(a->acc_step, (size_t)a->L)) {
         tr_adapt_free(a);
         return NULL;
     }
+    for (int32_t m = 0; m < a->L; m++) a->acc_step[m] = UINT64_MAX;
+    a->nb_step = a->all_step = UINT64_MAX;
     return a;
 }
 
@@ -476,13 +520,22 @@ static void fill_candidates(tr_policy *p, int rule, const float *acc, int32_t on
 
 uint32_t tr_adapt_victim(tr_policy *p, int32_t staging, uint64_t incoming) {
     const int rule = p->duel ? tr_duel_lead(p->duel) : R_KNN;
+    /* a shadow (knn's, the duel's predictor borrowed) holds the sampled layers only and asks
+     * for their rows; the real cache asks for every row, whose whole-table loop costs less than
+     * row by row when its size classes (one policy each) hold layers in turn */
     const float *acc = rule != R_KNN ? NULL
                        : p->duel     ? tr_duel_predict(p->duel)
-                                     : tr_adapt_predict(p->ad);
+                                     : tr_adapt_predict_layers(p->ad, p->ad_borrowed ? p->layer_used
+                                                                                     : NULL);
     /* layered: a layer over its fair share pays for its own misses */
     if (rule == R_LAYERED && staging >= 0 &&
         p->layer_used[staging] + incoming > p->share[staging]) {
+        /* its lowest key only: a list of one is that list's first entry (equal keys keep ev's
+         * order either way) at a fraction of the inserts */
+        const uint32_t cap = p->cand_cap;
+        p->cand_cap = 1;
         fill_candidates(p, rule, acc, staging);
+        p->cand_cap = cap;
         if (p->cand_n) return p->cand[0];
     }
     for (int pass = 0; pass < 2; pass++) {

@@ -51,6 +51,10 @@ void tr_adapt_route(tr_adapt *a, int32_t layer, const tr_policy_route_info *info
 /* [n_layer * n_expert] the neighbours' vote for each key's use at its layer's next visit, for
  * the current layer step (all 0 inside a multi-row batch or before any history) */
 const float *tr_adapt_predict(tr_adapt *a);
+/* the same, only the rows of the layers with need[l] > 0 (the others hold what they held): a
+ * shadow asks for its sampled layers. Rows already made at this step are kept, so the real
+ * cache and a shadow asking at one step share them. */
+const float *tr_adapt_predict_layers(tr_adapt *a, const uint64_t *need);
 
 /* set dueling */
 typedef struct tr_duel tr_duel;
