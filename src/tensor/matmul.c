@@ -140,8 +140,8 @@ static void dot_rows(const mm_job *j, const tr_mat *W, float *y, int64_t b, int6
         const int max_nc = dot_side                   ? TR_SIDE_MAX_NC
                            : j->k->nc_max[W->type] > 0 ? j->k->nc_max[W->type]
                                                        : TR_MAX_NC;
-        /* the fewest column groups of at most max_nc, of even sizes (9 rows: 4 + 5, not 8 + 1):
-         * one column alone pays the weight row's decode for itself. Each column's bits do not
+        /* the fewest column groups of at most max_nc, of even sizes (9 rows: 4 + 5): a group of
+         * one column would pay a weight row's decode for itself. Each column's bits do not
          * depend on its group (kernels.h). */
         const int64_t n_grp = (j->M + max_nc - 1) / max_nc;
         for (int64_t gi = 0; gi < n_grp; gi++) {
