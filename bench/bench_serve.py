@@ -23,6 +23,10 @@ its widest vector ISA): a run rewrites this machine's sections and keeps every o
 date, commit and machine); a hand-written "## Notes" section at the end of serve.md is kept.
 
 usage: bench_serve.py [--quick] [--only dense|moe] [--levels 1,4,8,16] [--servers terrace,peer]
+                      [--terrace BIN] [--no-write]
+
+--terrace runs another terrace binary (a paired run: main's build against a branch's, alternated
+in one window); --no-write prints the rows and leaves serve.md and serve.json as they are.
 
 --servers runs one server only (the capped MoE's llama.cpp phases alone take minutes): the other
 one's rows of that section are kept from serve.json with the date and commit of their own run.
@@ -46,7 +50,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
 from serve_util import sse_events  # noqa: E402 (the SSE reader the serve tests use)
-TERRACE = "./build/terrace"
 PEER_PY = ".venv-peer/bin/python3"
 CG = "/sys/fs/cgroup/memory/terrace-bench-serve"
 THREADS = int(os.environ.get("THREADS", os.cpu_count() or 2))
@@ -58,6 +61,9 @@ ap.add_argument("--levels", default="1,4,8,16")
 ap.add_argument("--servers", default="terrace,peer",
                 help="the servers to run (terrace, peer or both): a server not run keeps its rows "
                      "of that section from serve.json, and the report names their run")
+ap.add_argument("--terrace", default="./build/terrace", help="the terrace binary to run")
+ap.add_argument("--no-write", action="store_true",
+                help="print the rows only; serve.md and serve.json are left as they are")
 args = ap.parse_args()
 LEVELS = [int(x) for x in args.levels.split(",")]
 SERVERS = set(args.servers.split(","))
@@ -101,7 +107,7 @@ def setup_cgroup(cap):
 def start(kind, model, port, capped, extra):
     log = open(f"build/bench/serve-{kind}-{os.path.basename(model)}.log", "w")
     if kind == "terrace":
-        cmd = [TERRACE, "serve", "-m", model, "--port", str(port), "-t", str(THREADS), *extra]
+        cmd = [args.terrace, "serve", "-m", model, "--port", str(port), "-t", str(THREADS), *extra]
     else:
         # llama.cpp's server, one model, requests served one at a time (interrupt_requests off:
         # with it on, a waiting request cuts the stream in progress short)
@@ -372,6 +378,8 @@ def main():
         for k, v in machines.get(here, {}).items():
             if k not in results:
                 results[k] = v
+    if args.no_write:
+        return
     machines.pop(here, None)
     machines[here] = results
     with open("bench/results/serve.json", "w") as f:

@@ -4,8 +4,9 @@
  * the bits it gets alone, the wide tables' kernel and the AVX2 family's with the same bits) and
  * vec_dot_2r (two weight rows, nc = 1..4) for every supported weight type over random
  * rows with ragged lengths, the activation side tables (exact), the fast activation quantizers
- * (must be bit-identical), and tr_matmul on 1, 2 and 3 threads against a naive loop over the
- * reference dot.
+ * (must be bit-identical), tr_matmul on 1, 2 and 3 threads against a naive loop over the
+ * reference dot, and its per-row path with 1..17 activation rows giving each row the bits it gets
+ * alone.
  *
  * Tolerance. The integer parts of the quantized dot products are exact in both implementations,
  * so they can only differ by float rounding: of the block-scale products, of int->float
@@ -1030,6 +1031,42 @@ static void check_matmul(const tr_kernels *ref, const tr_kernels *k, tr_pool *po
     free_off(wdata, WEIGHT_OFFSET);
 }
 
+/* The per-row path (tr_matmul_rowwise) for M = 1..17 activation rows: every output must have the
+ * bits that row gets in a product of its own (M = 1): a request batched with others gets the
+ * answer it gets alone, whatever column groups the rows are split into (up to TR_SIDE_MAX_NC
+ * per kernel call, more rows in several calls) and whichever kernel takes them. */
+static void check_matmul_columns(const tr_kernels *k, tr_pool *pool, int ti, tu_rng *r) {
+    const tr_type t = k_types[ti];
+    const int64_t K = tr_type_block_elems(t) == 32 ? 18 * 32 : 3 * 256, N = 37, MMAX = 17;
+    const size_t rb = tr_type_row_bytes(t, K);
+    uint8_t *wdata = alloc_off(rb * (size_t)N, WEIGHT_OFFSET);
+    for (int64_t i = 0; i < N; i++) fill_weights(r, t, wdata + (size_t)i * rb, K);
+    float *x = malloc(sizeof(float) * (size_t)(MMAX * K));
+    for (int64_t m = 0; m < MMAX; m++) fill_acts(r, x + m * K, K);
+    float *alone = malloc(sizeof(float) * (size_t)(MMAX * N));
+    float *y = malloc(sizeof(float) * (size_t)(MMAX * N));
+    void *scratch = malloc(tr_matmul_scratch_size(t, K, MMAX));
+    const tr_mat W = {.type = t, .n_in = K, .n_out = N, .data = wdata, .row_bytes = rb};
+    for (int64_t m = 0; m < MMAX; m++) tr_matmul_rowwise(pool, k, &W, x + m * K, 1, alone + m * N, scratch);
+    for (int64_t M = 2; M <= MMAX; M++) {
+        for (int64_t i = 0; i < M * N; i++) y[i] = NAN;
+        tr_matmul_rowwise(pool, k, &W, x, M, y, scratch);
+        int bad = 0;
+        for (int64_t i = 0; i < M * N; i++)
+            if (memcmp(&y[i], &alone[i], sizeof(float)) && bad++ < 3)
+                TU_CHECK(false,
+                         "%s matmul %s threads=%d M=%lld y[%lld][%lld] = %.9g, not the bits of "
+                         "its row alone (%.9g)",
+                         k->isa, tr_type_name(t), tr_pool_size(pool), (long long)M,
+                         (long long)(i / N), (long long)(i % N), y[i], alone[i]);
+    }
+    free(scratch);
+    free(y);
+    free(alone);
+    free(x);
+    free_off(wdata, WEIGHT_OFFSET);
+}
+
 /* ------------------------------------------------------------------------------------- main */
 
 /* usage: test_kernels [FAMILY...] — every family this build and CPU run, or only the named ones
@@ -1123,7 +1160,7 @@ int main(int argc, char **argv) {
         TU_CHECK(tr_pool_create(nth, &pool, &err) == TR_OK, "pool of %d", nth);
         if (!pool) continue;
         /* (M, N): N not a multiple of the row chunk (N / (8·threads)); N = 300 gives chunks of
-         * several row tiles plus a ragged one, and M = 9 column groups of 4, 4 and 1 */
+         * several row tiles plus a ragged one, and M = 9 two column groups (4 and 5 rows) */
         static const int64_t shapes[][2] = {{1, 61}, {3, 37}, {5, 61}, {8, 37}, {9, 300}};
         for (int f = 0; f < N_FAMS; f++) {
             if (!fams[f]) continue;
@@ -1148,6 +1185,11 @@ int main(int argc, char **argv) {
                     check_matmul(ref, fams[f], pool, f, ti, gshapes[si][1], gshapes[si][0], K, &r);
                 }
         }
+        /* every row of a batch gets its bits alone (2 threads: a batch's rows split between
+         * them by weight rows, as in a server step) */
+        for (int f = 0; nth == 2 && f < N_FAMS; f++)
+            for (int ti = 0; fams[f] && ti < N_TYPES; ti++)
+                if (!is_float_type(k_types[ti])) check_matmul_columns(fams[f], pool, ti, &r);
         tr_pool_free(pool);
     }
 

@@ -140,8 +140,13 @@ static void dot_rows(const mm_job *j, const tr_mat *W, float *y, int64_t b, int6
         const int max_nc = dot_side                   ? TR_SIDE_MAX_NC
                            : j->k->nc_max[W->type] > 0 ? j->k->nc_max[W->type]
                                                        : TR_MAX_NC;
-        for (int64_t m = 0; m < j->M; m += max_nc) {
-            const int nc = j->M - m < max_nc ? (int)(j->M - m) : max_nc;
+        /* the fewest column groups of at most max_nc, of even sizes (9 rows: 4 + 5): a group of
+         * one column would pay a weight row's decode for itself. Each column's bits do not
+         * depend on its group (kernels.h). */
+        const int64_t n_grp = (j->M + max_nc - 1) / max_nc;
+        for (int64_t gi = 0; gi < n_grp; gi++) {
+            const int64_t m = gi * j->M / n_grp;
+            const int nc = (int)((gi + 1) * j->M / n_grp - m);
             const char *xq = j->xq + (size_t)m * j->xq_row;
             int64_t r = r0;
             /* two rows at once where the family multiplies 2x2 row blocks (one activation

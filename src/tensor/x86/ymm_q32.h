@@ -594,26 +594,149 @@ TR_ALWAYS_INLINE void q41h_side_impl(int64_t n, const int nc, float *restrict s,
 }
 #undef Q41H_TAIL
 
-#define Q41H_CASE(k)                                                                               \
-    case k: q41h_side_impl(n, k, s0, s_stride, w, a0, a_stride, d0, side_stride); break;
+/* Q4_1 for 2..TR_SIDE_MAX_NC columns in one pass over the weight row, each column with the bits
+ * q41h_side_impl gives it alone. The row's blocks are decoded once (q41h_dec, a chunk of groups
+ * at a time, kept in L1) and then each column runs over the decoded chunk with its three
+ * accumulators in registers, loading each decoded code vector again (sixteen registers do not
+ * hold a group's eight code vectors and several columns' accumulators; a variant taking two
+ * columns per loaded code vector measured slower on 576-element rows, Zen 4 running this family).
+ *
+ * Per column and group the work is cut to what the column needs: the eight maddubs, the int16
+ * tree, two widenings, one scale product and three FMAs. The lanes are kept in the order the
+ * tree leaves them: a0 holds the first-half dots of blocks 0-7, a1 the second-half dots, so the
+ * scale of lane k in both is d_w·d_a of block k, the product itself, with no duplication to half
+ * lanes. Each lane gets the same products and FMAs as in q41h_group; only its position differs,
+ * and q41h_col_sum moves the lanes back to that order (lane 2k + h of blocks 0-3, then of blocks
+ * 4-7) before the row's sum, so the sums are added in the same order too. */
+#define Q41H_CHUNK 16 /* groups decoded at a time: 4096 elements, 5 KiB on the stack */
+typedef struct q41h_dec {
+    __m256i q[8];   /* q41h_codes of the group's blocks (zero past the row's end) */
+    __m256 dw, mw;  /* their d and m, as q41h_group converts them */
+} q41h_dec;
+
+TR_ALWAYS_INLINE void q41h_decode(const int r, const tr_blk_q4_1 *x, int64_t b, q41h_dec *d) {
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) d->q[k] = k < r ? q41h_codes(&x[b + k]) : _mm256_setzero_si256();
+    __m128i h4[2];
+    for (int g = 0; g < 2; g++)
+        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(&x[b + 4 * g + 0]) : 0,
+                               4 * g + 1 < r ? (int)tr_load_u32(&x[b + 4 * g + 1]) : 0,
+                               4 * g + 2 < r ? (int)tr_load_u32(&x[b + 4 * g + 2]) : 0,
+                               4 * g + 3 < r ? (int)tr_load_u32(&x[b + 4 * g + 3]) : 0);
+    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m128i s0 = _mm_shuffle_epi8(h4[0], pick), s1 = _mm_shuffle_epi8(h4[1], pick);
+    d->dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(s0, s1));
+    d->mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(s0, s1));
+}
+
+/* one column's share of blocks b..b+r-1 (decoded in d): activation scales and s as q41h_group
+ * reads them, the eight half-block dot pairs, the scale products and the FMAs */
+TR_ALWAYS_INLINE void q41h_col_group(const int r, const q41h_dec *d, const char *a,
+                                     const float *side, int64_t nb, int64_t b, __m256 *a0,
+                                     __m256 *a1, __m256 *c) {
+    __m256 da, sa;
+    if (r == 8) {
+        da = _mm256_loadu_ps(side + b);
+        sa = _mm256_loadu_ps(side + nb + b);
+    } else {
+        const __m256i live =
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        if (nb >= 8) { /* as q41h_group: the 8 values ending at the row's end, rotated down */
+            const __m256i rot = _mm256_and_si256(
+                _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 - r)),
+                _mm256_set1_epi32(7));
+            da = _mm256_and_ps(_mm256_castsi256_ps(live),
+                               _mm256_permutevar8x32_ps(_mm256_loadu_ps(side + b + r - 8), rot));
+            sa = _mm256_and_ps(_mm256_castsi256_ps(live),
+                               _mm256_permutevar8x32_ps(_mm256_loadu_ps(side + nb + b + r - 8), rot));
+        } else {
+            da = _mm256_maskload_ps(side + b, live);
+            sa = _mm256_maskload_ps(side + nb + b, live);
+        }
+    }
+    const char *const ap[1] = {a};
+    __m256i p[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+        p[k] = k < r ? _mm256_maddubs_epi16(d->q[k], _mm256_loadu_si256((const __m256i *)q32_act_codes(
+                                                         Q32_Q4_1, ap, 0, b + k)))
+                     : _mm256_setzero_si256();
+    const __m256i t = q41h_sum64(q41h_sum32(q41h_sum16(p[0], p[1]), q41h_sum16(p[2], p[3])),
+                                 q41h_sum32(q41h_sum16(p[4], p[5]), q41h_sum16(p[6], p[7])));
+    const __m256i i0 = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(t));
+    const __m256i i1 = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(t, 1));
+    const __m256 prod = _mm256_mul_ps(d->dw, da);
+    *a0 = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(i0), *a0);
+    *a1 = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(i1), *a1);
+    *c = _mm256_fmadd_ps(d->mw, sa, *c);
+}
+
+/* the row's value from a0, a1 (lanes as q41h_col_group keeps them) and c, in q41h_side_impl's
+ * order: its lo is lanes 0-3 of a0 and a1 interleaved, its hi lanes 4-7 */
+TR_ALWAYS_INLINE float q41h_col_sum(__m256 a0, __m256 a1, __m256 c) {
+    const __m256 ul = _mm256_unpacklo_ps(a0, a1), uh = _mm256_unpackhi_ps(a0, a1);
+    const __m256 lo = _mm256_permute2f128_ps(ul, uh, 0x20), hi = _mm256_permute2f128_ps(ul, uh, 0x31);
+    return hsum_ps256(_mm256_add_ps(lo, hi)) + hsum_ps256(c);
+}
+
+/* the row's last r < 8 blocks, decoded once, for every column */
+TR_ALWAYS_INLINE void q41h_many_tail(const int r, const int nc, const tr_blk_q4_1 *x,
+                                     const char *va, size_t a_stride, const float *vside,
+                                     size_t side_stride, int64_t nb, int64_t b, __m256 (*acc)[3]) {
+    q41h_dec d;
+    q41h_decode(r, x, b, &d);
+    for (int j = 0; j < nc; j++)
+        q41h_col_group(r, &d, va + (size_t)j * a_stride, vside + (size_t)j * side_stride, nb, b,
+                       &acc[j][0], &acc[j][1], &acc[j][2]);
+}
+
+#define Q41H_MANY_TAIL(k)                                                                          \
+    case k: q41h_many_tail(k, nc, x, a, a_stride, side, side_stride, nb, b, acc); break;
+static __attribute__((noinline, unused)) void ymm_dot_side_q4_1h_many(
+    int64_t n, int nc, float *restrict s, size_t s_stride, const void *restrict w,
+    const void *restrict va, size_t a_stride, const float *restrict side, size_t side_stride) {
+    const int64_t nb = n / TR_QK32;
+    const tr_blk_q4_1 *x = w;
+    const char *a = va;
+    __m256 acc[TR_SIDE_MAX_NC][3]; /* per column: a0, a1, c */
+    for (int j = 0; j < nc; j++) acc[j][0] = acc[j][1] = acc[j][2] = _mm256_setzero_ps();
+    q41h_dec dec[Q41H_CHUNK];
+    int64_t b = 0;
+    while (b + 8 <= nb) {
+        int ng = 0;
+        for (; ng < Q41H_CHUNK && b + 8 * (ng + 1) <= nb; ng++) {
+            prefetch_block(&x[b + 8 * ng], 8 * sizeof(tr_blk_q4_1));
+            q41h_decode(8, x, b + 8 * ng, &dec[ng]);
+        }
+        for (int j = 0; j < nc; j++) {
+            const char *aj = a + (size_t)j * a_stride;
+            const float *sj = side + (size_t)j * side_stride;
+            __m256 a0 = acc[j][0], a1 = acc[j][1], c = acc[j][2];
+            for (int g = 0; g < ng; g++)
+                q41h_col_group(8, &dec[g], aj, sj, nb, b + 8 * g, &a0, &a1, &c);
+            acc[j][0] = a0, acc[j][1] = a1, acc[j][2] = c;
+        }
+        b += 8 * ng;
+    }
+    /* the tail's block count as a constant, so its unused blocks cost nothing */
+    switch (nb - b) {
+        Q41H_MANY_TAIL(1) Q41H_MANY_TAIL(2) Q41H_MANY_TAIL(3) Q41H_MANY_TAIL(4) Q41H_MANY_TAIL(5)
+        Q41H_MANY_TAIL(6) Q41H_MANY_TAIL(7)
+    default: break;
+    }
+    for (int j = 0; j < nc; j++)
+        s[(size_t)j * s_stride] = q41h_col_sum(acc[j][0], acc[j][1], acc[j][2]);
+}
+#undef Q41H_MANY_TAIL
+
 static __attribute__((unused)) void ymm_dot_side_q4_1h(int64_t n, int nc, float *restrict s,
                                                        size_t s_stride, const void *restrict w,
                                                        const void *restrict a, size_t a_stride,
                                                        const float *restrict side,
                                                        size_t side_stride) {
-    for (int j0 = 0; j0 < nc; j0 += TR_MAX_NC) {
-        float *s0 = s + (size_t)j0 * s_stride;
-        const char *a0 = (const char *)a + (size_t)j0 * a_stride;
-        const float *d0 = side + (size_t)j0 * side_stride;
-        switch (nc - j0) {
-            Q41H_CASE(1)
-            Q41H_CASE(2)
-            Q41H_CASE(3)
-        default: Q41H_CASE(4)
-        }
-    }
+    if (nc == 1) q41h_side_impl(n, 1, s, s_stride, w, a, a_stride, side, side_stride);
+    else ymm_dot_side_q4_1h_many(n, nc, s, s_stride, w, a, a_stride, side, side_stride);
 }
-#undef Q41H_CASE
 
 /* One activation row (decode): q41h_group's arithmetic with its lanes arranged for one column.
  * Lane k of A holds what q41h_group's lane 2k (of lo for k < 4, of hi - 8 after) holds, lane k of
