@@ -494,6 +494,20 @@ TR_ALWAYS_INLINE __m256i q41h_sum32(__m256i a, __m256i b) {
 TR_ALWAYS_INLINE __m256i q41h_sum64(__m256i a, __m256i b) {
     return _mm256_add_epi16(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
 }
+/* The d and m of blocks x[0..r-1] (zero past r), 8 floats each: each block's (d, m) f16 pair
+ * -> [d d d d m m m m] per four blocks, then d and m of all 8 */
+TR_ALWAYS_INLINE void q41h_scales(const int r, const tr_blk_q4_1 *x, __m256 *dw, __m256 *mw) {
+    __m128i h4[2];
+    for (int g = 0; g < 2; g++)
+        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(&x[4 * g + 0]) : 0,
+                               4 * g + 1 < r ? (int)tr_load_u32(&x[4 * g + 1]) : 0,
+                               4 * g + 2 < r ? (int)tr_load_u32(&x[4 * g + 2]) : 0,
+                               4 * g + 3 < r ? (int)tr_load_u32(&x[4 * g + 3]) : 0);
+    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m128i s0 = _mm_shuffle_epi8(h4[0], pick), s1 = _mm_shuffle_epi8(h4[1], pick);
+    *dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(s0, s1));
+    *mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(s0, s1));
+}
 /* Blocks b..b+r-1 (r = 1..8, a constant after inlining). The half-block dots are exact in
  * int16 (16 products of at most 15·128 = 30720), so the lanes hold the same integers as the
  * 32-bit reduction the 512-bit kernel does, and the scales are applied in its order. */
@@ -501,19 +515,10 @@ TR_ALWAYS_INLINE void q41h_group(const int r, const int nc, const tr_blk_q4_1 *x
                                  const char *const *a, const float *const *side, int64_t nb,
                                  int64_t b, __m256 *lo, __m256 *hi, __m256 *cacc) {
     __m256i q[8];
-    __m128i h4[2];
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) q[k] = k < r ? q41h_codes(&x[b + k]) : _mm256_setzero_si256();
-    for (int g = 0; g < 2; g++)
-        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(&x[b + 4 * g + 0]) : 0,
-                               4 * g + 1 < r ? (int)tr_load_u32(&x[b + 4 * g + 1]) : 0,
-                               4 * g + 2 < r ? (int)tr_load_u32(&x[b + 4 * g + 2]) : 0,
-                               4 * g + 3 < r ? (int)tr_load_u32(&x[b + 4 * g + 3]) : 0);
-    /* each block's (d, m) f16 pair -> [d d d d m m m m] per four blocks, then d and m of all 8 */
-    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    const __m128i s0 = _mm_shuffle_epi8(h4[0], pick), s1 = _mm_shuffle_epi8(h4[1], pick);
-    const __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(s0, s1));
-    const __m256 mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(s0, s1));
+    __m256 dw, mw;
+    q41h_scales(r, x + b, &dw, &mw);
     const __m256i live =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 #pragma GCC unroll 4
@@ -617,16 +622,7 @@ typedef struct q41h_dec {
 TR_ALWAYS_INLINE void q41h_decode(const int r, const tr_blk_q4_1 *x, int64_t b, q41h_dec *d) {
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) d->q[k] = k < r ? q41h_codes(&x[b + k]) : _mm256_setzero_si256();
-    __m128i h4[2];
-    for (int g = 0; g < 2; g++)
-        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(&x[b + 4 * g + 0]) : 0,
-                               4 * g + 1 < r ? (int)tr_load_u32(&x[b + 4 * g + 1]) : 0,
-                               4 * g + 2 < r ? (int)tr_load_u32(&x[b + 4 * g + 2]) : 0,
-                               4 * g + 3 < r ? (int)tr_load_u32(&x[b + 4 * g + 3]) : 0);
-    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    const __m128i s0 = _mm_shuffle_epi8(h4[0], pick), s1 = _mm_shuffle_epi8(h4[1], pick);
-    d->dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(s0, s1));
-    d->mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(s0, s1));
+    q41h_scales(r, x + b, &d->dw, &d->mw);
 }
 
 /* one column's share of blocks b..b+r-1 (decoded in d): activation scales and s as q41h_group
@@ -752,16 +748,8 @@ TR_ALWAYS_INLINE void q41h1_group(const int r, const tr_blk_q4_1 *x, const tr_bl
         p[k] = k < r ? _mm256_maddubs_epi16(unpack_nibbles32(x[k].qs),
                                             _mm256_loadu_si256((const __m256i *)y[k].qs))
                      : _mm256_setzero_si256();
-    __m128i h4[2];
-    for (int g = 0; g < 2; g++)
-        h4[g] = _mm_setr_epi32(4 * g + 0 < r ? (int)tr_load_u32(&x[4 * g + 0]) : 0,
-                               4 * g + 1 < r ? (int)tr_load_u32(&x[4 * g + 1]) : 0,
-                               4 * g + 2 < r ? (int)tr_load_u32(&x[4 * g + 2]) : 0,
-                               4 * g + 3 < r ? (int)tr_load_u32(&x[4 * g + 3]) : 0);
-    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    const __m128i s0 = _mm_shuffle_epi8(h4[0], pick), s1 = _mm_shuffle_epi8(h4[1], pick);
-    const __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(s0, s1));
-    const __m256 mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(s0, s1));
+    __m256 dw, mw;
+    q41h_scales(r, x, &dw, &mw);
     /* low lane: the 8 blocks' first-half dots, high lane: their second-half dots */
     const __m256i t = q41h_sum64(q41h_sum32(q41h_sum16(p[0], p[1]), q41h_sum16(p[2], p[3])),
                                  q41h_sum32(q41h_sum16(p[4], p[5]), q41h_sum16(p[6], p[7])));
