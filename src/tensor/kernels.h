@@ -18,7 +18,9 @@ typedef void (*tr_vec_dot_nc_fn)(int64_t n, int nc, float *restrict s, size_t s_
 /* s[r + j * s_stride] = dot(w + r * w_stride bytes, a + j * a_stride bytes) for r < 2 and
  * j < nc (1 <= nc <= TR_MAX_NC): two weight rows against several activation rows, for the int8
  * matrix-multiply instructions (Arm i8mm SMMLA: a 2x8 by 8x2 byte product) that need two rows on
- * each side. tr_matmul uses it for pairs of rows when nc >= 2. */
+ * each side. A row's sum then runs in another order than the one-row kernels', so, like the
+ * gemm, tr_matmul uses it (for pairs of rows, nc >= 2) only from gemm_min_m activation rows on,
+ * never on the per-row path whose rows keep the bits they get alone. */
 typedef void (*tr_vec_dot_2r_fn)(int64_t n, int nc, float *restrict s, size_t s_stride,
                                  const void *restrict w, size_t w_stride, const void *restrict a,
                                  size_t a_stride);
@@ -176,7 +178,8 @@ typedef struct tr_kernels {
     tr_axpy_rows_fn axpy_rows[TR_TYPE_COUNT]; /* optional: Q4_0, Q8_0 rows */
     tr_axpy_f16_fn axpy_f16;                  /* optional */
     /* optional (NULL: vec_dot_nc per row); used from gemm_min_m activation rows on, split
-     * between threads in units of gemm_rows weight rows */
+     * between threads in units of gemm_rows weight rows; gemm_min_m is also where vec_dot_2r
+     * starts (0: never) */
     tr_gemm_fn gemm[TR_TYPE_COUNT];
     int gemm_rows, gemm_min_m;
     tr_attn_fn attn_f16; /* optional (NULL: tr_attn_f16_ref) */

@@ -43,6 +43,7 @@ typedef struct mm_job {
     size_t side_row;
     tr_act_side_fn act_side; /* the family's narrow or wide tables and their kernel */
     tr_vec_dot_side_fn dot_side;
+    bool two_row; /* the family's two-row kernels may take pairs of rows (kernels.h, vec_dot_2r) */
     atomic_int_fast64_t next; /* dynamic row chunks: VM cores run at uneven speeds */
     int64_t chunk;
     char *ga; /* gemm activation rows, ga_row bytes apart; NULL: the vec_dot path */
@@ -130,7 +131,7 @@ static void dot_rows(const mm_job *j, const tr_mat *W, float *y, int64_t b, int6
     const tr_vec_dot_fn dot = j->k->vec_dot[W->type];
     const tr_vec_dot_nc_fn dot_nc = j->k->vec_dot_nc[W->type];
     const tr_vec_dot_side_fn dot_side = j->side ? j->dot_side : NULL;
-    const tr_vec_dot_2r_fn dot_2r = j->k->vec_dot_2r[W->type];
+    const tr_vec_dot_2r_fn dot_2r = j->two_row ? j->k->vec_dot_2r[W->type] : NULL;
     /* one call per tile for one activation row, where it is the kernel dot_side is */
     const tr_vec_dot_side_rows_fn side_rows =
         dot_side && dot_side == j->k->vec_dot_side[W->type] ? j->k->vec_dot_side_rows[W->type]
@@ -234,6 +235,9 @@ static void matmul(tr_pool *pool, const tr_kernels *kern, const tr_mat *W, const
         }
         n_rows = j.first[n_mat];
     }
+    /* the two-row kernels sum a row in another order than one row alone: like the gemm, they
+     * take only products that need not keep each row's bits (tr_matmul_per_row) */
+    j.two_row = gemm && !tr_matmul_per_row(j.k, M);
     if (gemm && j.k->gemm[W->type] && !tr_matmul_per_row(j.k, M)) {
         /* the gemm rows follow the quantized rows (the 64 spare bytes cover the alignment) */
         const uintptr_t at = (uintptr_t)scratch + xq_bytes(j.vt, W->n_in, M);

@@ -30,6 +30,10 @@ void tr_kernels_fill_i8mm(tr_kernels *k) {
     k->vec_dot_2r[TR_TYPE_Q5_K] = arm_dot2_q5_k;
     k->vec_dot_2r[TR_TYPE_Q6_K] = arm_dot2_q6_k;
     k->vec_dot_2r[TR_TYPE_IQ4_XS] = arm_dot2_iq4_xs;
+    /* the two-row kernels sum in another order than one row: a prompt's chunk of 16 rows or
+     * more takes them, the decode rows of a batch (the per-row path) do not, so each of those
+     * keeps the bits it gets alone (test_kernels' column check) */
+    k->gemm_min_m = 16;
 }
 
 #else
